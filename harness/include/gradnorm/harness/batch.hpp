@@ -1,0 +1,39 @@
+#pragma once
+// Tensors of one micro-batch, built deterministically from a scenario's seed.
+
+#include <ATen/core/Tensor.h>
+
+#include <vector>
+
+#include "gradnorm/scenarios/scenario.hpp"
+
+namespace gradnorm::harness {
+
+inline constexpr long kIgnoreIndex = -100;
+
+struct MicroBatch {
+  // causal_lm and lora: token ids [B, T] (int64). linear_head: features [B, T, H] in the
+  // scenario's dtype.
+  at::Tensor inputs;
+  // [B, T] int64, already shifted: position T-1 of every sequence is kIgnoreIndex.
+  at::Tensor labels;
+  long valid_count = 0;  // labels != kIgnoreIndex, equal to the scenario's count
+};
+
+// at::ScalarType of a scenario dtype.
+[[nodiscard]] c10::ScalarType scalar_type(scenarios::DType dtype);
+
+// The micro-batch `micro` of `rank` at optimizer step `step`; the same arguments always give
+// bit-identical tensors.
+[[nodiscard]] MicroBatch make_micro_batch(const scenarios::Scenario& scenario, int rank, int step,
+                                          int micro);
+
+// Every micro-batch of `rank` for one optimizer step, in order.
+[[nodiscard]] std::vector<MicroBatch> make_rank_window(const scenarios::Scenario& scenario,
+                                                       int rank, int step);
+
+// A 64-bit seed mixed from the scenario seed and a path of indices (splitmix64), so
+// separate streams never overlap.
+[[nodiscard]] std::uint64_t derive_seed(std::uint64_t base, std::initializer_list<std::uint64_t> path);
+
+}  // namespace gradnorm::harness

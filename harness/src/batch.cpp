@@ -1,0 +1,101 @@
+#include "gradnorm/harness/batch.hpp"
+
+#include <ATen/ATen.h>
+#include <ATen/CPUGeneratorImpl.h>
+
+#include <algorithm>
+
+namespace gradnorm::harness {
+namespace {
+
+std::uint64_t splitmix64(std::uint64_t x) {
+  x += 0x9e3779b97f4a7c15ULL;
+  x = (x ^ (x >> 30)) * 0xbf58476d1ce4e5b9ULL;
+  x = (x ^ (x >> 27)) * 0x94d049bb133111ebULL;
+  return x ^ (x >> 31);
+}
+
+// Positions [0, T-1) of one sequence that hold a valid label, for `count` valid labels.
+std::vector<long> valid_positions(scenarios::MaskPattern mask, int count, int usable,
+                                  at::Generator& generator) {
+  std::vector<long> positions;
+  switch (mask) {
+    case scenarios::MaskPattern::trailing_padding:
+      for (int i = 0; i < count; ++i) positions.push_back(i);
+      break;
+    case scenarios::MaskPattern::prompt_prefix: {
+      // A masked prompt of half the spare room, then the response, then padding.
+      const int prompt = (usable - count) / 2;
+      for (int i = 0; i < count; ++i) positions.push_back(prompt + i);
+      break;
+    }
+    case scenarios::MaskPattern::random_holes: {
+      const at::Tensor order = at::randperm(usable, generator, at::TensorOptions().dtype(at::kLong));
+      const auto* data = order.data_ptr<long>();
+      positions.assign(data, data + count);
+      std::sort(positions.begin(), positions.end());
+      break;
+    }
+  }
+  return positions;
+}
+
+}  // namespace
+
+std::uint64_t derive_seed(std::uint64_t base, std::initializer_list<std::uint64_t> path) {
+  std::uint64_t state = splitmix64(base);
+  for (std::uint64_t index : path) state = splitmix64(state ^ splitmix64(index + 1));
+  return state;
+}
+
+c10::ScalarType scalar_type(scenarios::DType dtype) {
+  switch (dtype) {
+    case scenarios::DType::float64: return at::kDouble;
+    case scenarios::DType::float32: return at::kFloat;
+    case scenarios::DType::bfloat16: return at::kBFloat16;
+  }
+  TORCH_INTERNAL_ASSERT(false, "harness bug: unhandled dtype");
+}
+
+MicroBatch make_micro_batch(const scenarios::Scenario& s, int rank, int step, int micro) {
+  at::Generator generator = at::detail::createCPUGenerator(
+      derive_seed(s.seed, {static_cast<std::uint64_t>(rank), static_cast<std::uint64_t>(step),
+                           static_cast<std::uint64_t>(micro)}));
+  const int batch = s.micro_batch_size;
+  const int length = s.sequence_length;
+  const int count = s.valid_tokens.at(rank).at(micro);
+
+  MicroBatch out;
+  if (s.model == scenarios::ModelKind::linear_head) {
+    // Drawn in float64 and rounded once, so the oracle's float64 copy is exact.
+    out.inputs = at::randn({batch, length, s.hidden_size}, generator, at::kDouble)
+                     .to(scalar_type(s.dtype));
+  } else {
+    out.inputs = at::randint(s.vocab_size, {batch, length}, generator, at::TensorOptions().dtype(at::kLong));
+  }
+  const at::Tensor targets = at::randint(s.vocab_size, {batch, length}, generator, at::TensorOptions().dtype(at::kLong));
+  out.labels = at::full({batch, length}, kIgnoreIndex, at::kLong);
+  auto labels = out.labels.accessor<long, 2>();
+  auto drawn = targets.accessor<long, 2>();
+  const int usable = length - 1;  // the shifted-label convention ignores the last position
+  for (int b = 0; b < batch; ++b) {
+    const int share = count / batch + (b < count % batch ? 1 : 0);
+    for (long position : valid_positions(s.mask, share, usable, generator)) {
+      labels[b][position] = drawn[b][position];
+    }
+  }
+  out.valid_count = count;
+  TORCH_INTERNAL_ASSERT(out.labels.ne(kIgnoreIndex).sum().item<long>() == count,
+                        "harness bug: micro-batch holds the wrong number of valid labels");
+  return out;
+}
+
+std::vector<MicroBatch> make_rank_window(const scenarios::Scenario& s, int rank, int step) {
+  std::vector<MicroBatch> window;
+  for (int micro = 0; micro < s.accumulation_steps; ++micro) {
+    window.push_back(make_micro_batch(s, rank, step, micro));
+  }
+  return window;
+}
+
+}  // namespace gradnorm::harness

@@ -1,0 +1,65 @@
+#include "gradnorm/harness/loss.hpp"
+
+#include <ATen/ATen.h>
+
+#include "gradnorm/harness/batch.hpp"
+
+namespace gradnorm::harness {
+namespace {
+
+at::Tensor upcast(const at::Tensor& logits) {
+  return logits.to(at::promote_types(logits.scalar_type(), at::kFloat));
+}
+
+// torch.nn.functional.cross_entropy(reduction="mean", ignore_index=-100): an all-ignored
+// batch gives 0/0 = NaN as its value and zero gradients.
+at::Tensor mean_cross_entropy(const at::Tensor& logits, const at::Tensor& labels) {
+  const long vocab = logits.size(-1);
+  return at::cross_entropy_loss(upcast(logits).reshape({-1, vocab}), labels.reshape({-1}), {},
+                                at::Reduction::Mean, kIgnoreIndex);
+}
+
+// torchtune CEWithChunkedOutputLoss: per-chunk CE sums along the sequence, divided by the
+// total valid count. All ignored: 0 / 0, so both the value and the gradients are NaN.
+at::Tensor chunked_cross_entropy(const at::Tensor& logits, const at::Tensor& labels, int chunks) {
+  const long vocab = logits.size(-1);
+  const at::Tensor valid = labels.ne(kIgnoreIndex).sum();
+  const auto logit_chunks = logits.chunk(chunks, /*dim=*/1);
+  const auto label_chunks = labels.chunk(chunks, /*dim=*/1);
+  at::Tensor total;
+  for (std::size_t i = 0; i < logit_chunks.size(); ++i) {
+    const at::Tensor piece =
+        at::cross_entropy_loss(upcast(logit_chunks[i]).reshape({-1, vocab}),
+                               label_chunks[i].reshape({-1}), {}, at::Reduction::Sum, kIgnoreIndex);
+    total = total.defined() ? total + piece : piece;
+  }
+  return total / valid;
+}
+
+// torchtune LinearCrossEntropyLoss: sum over valid tokens / valid count, but a batch with no
+// valid token returns a fresh zero with no graph, so backward() raises.
+at::Tensor linear_cross_entropy(const at::Tensor& logits, const at::Tensor& labels) {
+  const long vocab = logits.size(-1);
+  const at::Tensor valid_mask = labels.reshape({-1}).ne(kIgnoreIndex);
+  const long valid = valid_mask.sum().item<long>();
+  if (valid == 0) return at::zeros({}, upcast(logits).options().requires_grad(false));
+  const at::Tensor rows = upcast(logits).reshape({-1, vocab}).index({valid_mask});
+  const at::Tensor targets = labels.reshape({-1}).index({valid_mask});
+  return at::cross_entropy_loss(rows, targets, {}, at::Reduction::Sum, kIgnoreIndex) /
+         static_cast<double>(valid);
+}
+
+}  // namespace
+
+at::Tensor recipe_loss(const at::Tensor& logits, const at::Tensor& labels,
+                       const LossOptions& options) {
+  switch (options.kind) {
+    case scenarios::LossKind::mean_ce: return mean_cross_entropy(logits, labels);
+    case scenarios::LossKind::chunked_ce:
+      return chunked_cross_entropy(logits, labels, options.chunks);
+    case scenarios::LossKind::linear_ce: return linear_cross_entropy(logits, labels);
+  }
+  TORCH_INTERNAL_ASSERT(false, "harness bug: unhandled loss kind");
+}
+
+}  // namespace gradnorm::harness

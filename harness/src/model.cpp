@@ -1,0 +1,120 @@
+#include "gradnorm/harness/model.hpp"
+
+#include <ATen/ATen.h>
+#include <ATen/CPUGeneratorImpl.h>
+
+#include <cmath>
+
+namespace gradnorm::harness {
+namespace {
+
+constexpr std::uint64_t kModelStream = 0x6d6f64656cULL;  // keeps model draws apart from batches
+
+}  // namespace
+
+Model::Model(const scenarios::Scenario& s, ModelConfig config) : config_(config) {
+  at::Generator generator = at::detail::createCPUGenerator(derive_seed(s.seed, {kModelStream}));
+  const long vocab = s.vocab_size;
+  const long hidden = s.hidden_size;
+  const long rank = s.lora_rank;
+  const c10::ScalarType dtype = scalar_type(s.dtype);
+  auto draw = [&](std::string name, at::IntArrayRef shape, double scale, bool trainable) {
+    at::Tensor value = (at::randn(shape, generator, at::kDouble) * scale).to(dtype);
+    value.set_requires_grad(trainable);
+    parameters_.push_back(Parameter{std::move(name), value, trainable});
+  };
+  const double fan_in = 1.0 / std::sqrt(static_cast<double>(hidden));
+  TORCH_INTERNAL_ASSERT(config.base != scenarios::ModelKind::lora,
+                        "harness bug: a model config names lora as its base");
+  const bool base_trainable = !config.lora;
+  const bool causal = config.base == scenarios::ModelKind::causal_lm;
+  if (causal) {
+    draw("embedding.weight", {vocab, hidden}, 1.0, base_trainable);
+    draw("hidden.weight", {hidden, hidden}, fan_in, base_trainable);
+    draw("hidden.bias", {hidden}, 0.1, base_trainable);
+  }
+  draw("head.weight", {vocab, hidden}, fan_in, base_trainable);
+  draw("head.bias", {vocab}, 0.1, base_trainable);
+  if (config.lora) {
+    // torchtune zero-initialises lora_b; a small non-zero start gives both adapters a
+    // gradient at the first step, which is what the normalisation checks need.
+    if (causal) {
+      draw("hidden.lora_a", {rank, hidden}, fan_in, true);
+      draw("hidden.lora_b", {hidden, rank}, 0.1, true);
+    }
+    draw("head.lora_a", {rank, hidden}, fan_in, true);
+    draw("head.lora_b", {vocab, rank}, 0.1, true);
+  }
+}
+
+std::vector<at::Tensor> Model::trainable_tensors() const {
+  std::vector<at::Tensor> out;
+  for (const Parameter& p : parameters_) {
+    if (p.trainable) out.push_back(p.value);
+  }
+  return out;
+}
+
+const at::Tensor& Model::get(const std::string& name) const {
+  for (const Parameter& p : parameters_) {
+    if (p.name == name) return p.value;
+  }
+  TORCH_INTERNAL_ASSERT(false, "harness bug: model has no parameter ", name);
+}
+
+at::Tensor Model::linear_weight(const std::string& name) const {
+  const at::Tensor& weight = get(name);
+  if (!config_.fake_quantize) return weight;
+  // Symmetric per-row int4 fake quantisation with a straight-through estimator; the scale
+  // and rounding are computed in at least float32, as QAT kernels do.
+  const c10::ScalarType compute = at::promote_types(weight.scalar_type(), at::kFloat);
+  const at::Tensor w = weight.detach().to(compute);
+  const at::Tensor scale = w.abs().amax({1}, /*keepdim=*/true).clamp_min(1e-12) / 7.0;
+  const at::Tensor quantised = (w / scale).round().clamp(-8, 7) * scale;
+  return weight + (quantised.to(weight.scalar_type()) - weight.detach());
+}
+
+at::Tensor Model::adapted_linear(const at::Tensor& input, const std::string& layer) const {
+  const std::string bias_name = layer + ".bias";
+  bool has_bias = false;
+  for (const Parameter& p : parameters_) has_bias = has_bias || p.name == bias_name;
+  at::Tensor out = has_bias ? at::linear(input, linear_weight(layer + ".weight"), get(bias_name))
+                            : at::linear(input, linear_weight(layer + ".weight"));
+  if (config_.lora) {
+    const at::Tensor low_rank =
+        at::linear(at::linear(input, get(layer + ".lora_a")), get(layer + ".lora_b"));
+    out = out + low_rank * lora_scale_;
+  }
+  return out;
+}
+
+at::Tensor Model::logits(const MicroBatch& batch) const {
+  if (config_.base == scenarios::ModelKind::linear_head) {
+    return adapted_linear(batch.inputs, "head");
+  }
+  const at::Tensor& embedding = get("embedding.weight");
+  const long sequences = batch.inputs.size(0);
+  const long length = batch.inputs.size(1);
+  const at::Tensor embedded =
+      embedding.index_select(0, batch.inputs.reshape({-1})).view({sequences, length, -1});
+  // Causal mixing: each position averages the embeddings of its prefix.
+  const at::Tensor counts =
+      at::arange(1, length + 1, embedded.options().requires_grad(false)).view({1, length, 1});
+  const at::Tensor mixed = embedded.cumsum(1) / counts;
+  const at::Tensor hidden = at::tanh(adapted_linear(mixed, "hidden"));
+  return adapted_linear(hidden, "head");
+}
+
+Model Model::converted(c10::ScalarType dtype) const {
+  Model copy;
+  copy.config_ = config_;
+  copy.lora_scale_ = lora_scale_;
+  for (const Parameter& p : parameters_) {
+    at::Tensor value = p.value.detach().to(dtype).clone();
+    value.set_requires_grad(p.trainable);
+    copy.parameters_.push_back(Parameter{p.name, value, p.trainable});
+  }
+  return copy;
+}
+
+}  // namespace gradnorm::harness

@@ -1,0 +1,259 @@
+// The single-device training loop of torchtune's recipes, transcribed once with the gates
+// the pull request added (skip_scale_when_no_accumulation) and the regressions it found.
+#include <ATen/ATen.h>
+#include <torch/types.h>
+#include <torch/nn/utils/clip_grad.h>
+#include <torch/optim/adamw.h>
+#include <torch/optim/sgd.h>
+#include <torch/csrc/autograd/autograd.h>
+
+#include <fmt/format.h>
+
+#include <memory>
+
+#include "gradnorm/harness/batch.hpp"
+#include "gradnorm/harness/loss.hpp"
+#include "gradnorm/harness/runner.hpp"
+
+namespace gradnorm::harness {
+namespace {
+
+using scenarios::OptimizerKind;
+using scenarios::Scenario;
+
+std::unique_ptr<torch::optim::Optimizer> make_optimizer(const Scenario& s,
+                                                        std::vector<at::Tensor> params) {
+  switch (s.optimizer) {
+    case OptimizerKind::sgd:
+      return std::make_unique<torch::optim::SGD>(
+          params, torch::optim::SGDOptions(s.learning_rate).weight_decay(s.weight_decay));
+    case OptimizerKind::sgd_momentum:
+      return std::make_unique<torch::optim::SGD>(
+          params, torch::optim::SGDOptions(s.learning_rate)
+                      .momentum(s.momentum)
+                      .weight_decay(s.weight_decay));
+    case OptimizerKind::adamw:
+      return std::make_unique<torch::optim::AdamW>(
+          params, torch::optim::AdamWOptions(s.learning_rate).weight_decay(s.weight_decay));
+  }
+  TORCH_INTERNAL_ASSERT(false, "harness bug: unhandled optimizer");
+}
+
+// optimizer.zero_grad(set_to_none=True), as the recipes call it.
+void zero_grad_set_to_none(const std::vector<at::Tensor>& params) {
+  for (const at::Tensor& p : params) {
+    if (p.grad().defined()) p.mutable_grad() = at::Tensor();
+  }
+}
+
+// torchtune training.scale_grads: p.grad *= scaler for every parameter with a gradient.
+void scale_grads(const std::vector<at::Tensor>& params, const at::Tensor& scaler,
+                 Counters& counters) {
+  at::NoGradGuard no_grad;
+  for (const at::Tensor& p : params) {
+    if (p.grad().defined()) p.mutable_grad().mul_(scaler);
+  }
+  ++counters.scale_passes;
+}
+
+std::vector<NamedTensor> snapshot_gradients(const Model& model) {
+  std::vector<NamedTensor> out;
+  for (const Parameter& p : model.parameters()) {
+    if (!p.trainable) continue;
+    const at::Tensor& grad = p.value.grad();
+    out.push_back({p.name, grad.defined() ? grad.detach().clone() : at::Tensor()});
+  }
+  return out;
+}
+
+std::vector<NamedTensor> snapshot_parameters(const Model& model) {
+  std::vector<NamedTensor> out;
+  for (const Parameter& p : model.parameters()) {
+    if (p.trainable) out.push_back({p.name, p.value.detach().clone()});
+  }
+  return out;
+}
+
+class SingleDeviceRecipe {
+ public:
+  SingleDeviceRecipe(const VariantSpec& variant, const Scenario& scenario, Observation& out)
+      : variant_(variant),
+        scenario_(scenario),
+        out_(out),
+        model_(scenario, model_config_for(variant, scenario)),
+        params_(model_.trainable_tensors()),
+        loss_options_{scenario.loss, scenario.loss_chunks} {
+    optimizer_in_backward_ = variant.force_optimizer_in_backward || scenario.optimizer_in_backward;
+    if (optimizer_in_backward_) refuse_unsupported_options();
+    // The pull request's gate: grad_accum == 1 and not optimizer_in_bwd.
+    skip_ = variant.skip_scale_when_no_accumulation && scenario.accumulation_steps == 1 &&
+            !optimizer_in_backward_;
+    out_.initial_parameters = snapshot_parameters(model_);
+    if (optimizer_in_backward_) {
+      install_optimizer_hooks();
+    } else {
+      optimizer_ = make_optimizer(scenario, params_);
+    }
+  }
+
+  void train() {
+    for (int step = 0; step < scenario_.steps; ++step) train_one_step(step);
+  }
+
+ private:
+  void refuse_unsupported_options() const {
+    if (variant_.recipe == Recipe::lora_finetune) {
+      throw RecipeRefusal("lora_finetune_single_device has no optimizer_in_bwd path");
+    }
+    if (scenario_.clip_max_norm) {
+      throw RecipeRefusal("Gradient clipping is not supported with optimizer in backward");
+    }
+    if (scenario_.accumulation_steps > 1) {
+      throw RecipeRefusal("Gradient accumulation is not supported with optimizer in backward");
+    }
+  }
+
+  // One optimizer per parameter, stepped as soon as that parameter's gradient is ready,
+  // then its gradient cleared (torchtune's optimizer-in-backward hooks).
+  void install_optimizer_hooks() {
+    for (std::size_t i = 0; i < params_.size(); ++i) {
+      per_parameter_optimizers_.push_back(make_optimizer(scenario_, {params_[i]}));
+      params_[i].register_hook([this, i](const at::Tensor& grad) {
+        at::Tensor consumed = grad.detach().clone();
+        params_[i].mutable_grad() = consumed.clone();
+        per_parameter_optimizers_[i]->step();
+        hook_consumed_[i] = consumed;
+        params_[i].mutable_grad() = at::Tensor();
+        return at::zeros_like(grad);  // what AccumulateGrad then stores; cleared after backward
+      });
+    }
+  }
+
+  void train_one_step(int step) {
+    const std::vector<MicroBatch> window = make_rank_window(scenario_, /*rank=*/0, step);
+    at::Tensor running_loss = at::zeros({}, at::kFloat);
+    at::Tensor num_tokens = at::zeros({}, at::kLong);
+    hook_consumed_.assign(params_.size(), at::Tensor());
+    StepRecord record;
+
+    for (const MicroBatch& batch : window) {
+      const at::Tensor current_num_tokens = batch.labels.ne(kIgnoreIndex).sum();
+      num_tokens += current_num_tokens;
+      const at::Tensor mean = recipe_loss(model_.logits(batch), batch.labels, loss_options_);
+      // Loss is a token mean; the recipe multiplies it back to a token sum so the window can
+      // be normalised by its total count. The skip path backwards the mean itself.
+      at::Tensor current_loss = skip_ ? mean : mean * current_num_tokens;
+      running_loss = running_loss + current_loss.detach();
+      if (optimizer_in_backward_) current_loss = current_loss / num_tokens;
+      ++out_.counters.backward_calls;
+      current_loss.backward();
+    }
+
+    if (optimizer_in_backward_) {
+      zero_grad_set_to_none(params_);
+      ++out_.counters.optimizer_steps;
+      for (std::size_t i = 0; i < params_.size(); ++i) {
+        record.gradients.push_back({trainable_name(i), hook_consumed_[i]});
+      }
+    } else {
+      optimizer_step(num_tokens, record);
+    }
+
+    // loss_to_log = running_loss.item() / num_tokens: a Python float divided by an int64
+    // tensor is a float32 division. The skip path divides by 1.0 and stays a Python float.
+    const bool divide_by_count =
+        !skip_ || variant_.regression == Regression::logged_loss_divided_by_n;
+    const double running = running_loss.item<double>();
+    record.logged_loss =
+        divide_by_count
+            ? (at::scalar_tensor(running, at::kFloat) / num_tokens.to(at::kFloat)).item<double>()
+            : running;
+    record.parameters_after = snapshot_parameters(model_);
+    out_.steps.push_back(std::move(record));
+  }
+
+  void optimizer_step(const at::Tensor& num_tokens, StepRecord& record) {
+    const Regression bug = variant_.regression;
+    const bool step_gated = bug == Regression::step_inside_skip_gate;
+    const bool clip_gated = bug == Regression::clip_inside_skip_gate;
+    if (!skip_ && bug != Regression::scale_pass_dropped) {
+      // `1 / num_tokens` on an int64 tensor: a float32 scalar, whatever the gradient dtype.
+      scale_grads(params_, num_tokens.to(at::kFloat).reciprocal(), out_.counters);
+    }
+    if (bug == Regression::non_finite_gradients_zeroed) {
+      at::NoGradGuard no_grad;
+      for (const at::Tensor& p : params_) {
+        if (p.grad().defined()) p.mutable_grad().nan_to_num_(0.0, 0.0, 0.0);
+      }
+    }
+    if (scenario_.clip_max_norm && !(clip_gated && skip_)) {
+      ++out_.counters.clip_calls;
+      record.grad_norm = torch::nn::utils::clip_grad_norm_(params_, *scenario_.clip_max_norm);
+    }
+    if (step_gated && skip_) {
+      // Nothing consumed: the gradients stay and accumulate into the next window.
+      for (std::size_t i = 0; i < params_.size(); ++i) {
+        record.gradients.push_back({trainable_name(i), at::Tensor()});
+      }
+      return;
+    }
+    record.gradients = snapshot_gradients(model_);
+    optimizer_->step();
+    ++out_.counters.optimizer_steps;
+    zero_grad_set_to_none(params_);
+  }
+
+  std::string trainable_name(std::size_t index) const {
+    std::size_t seen = 0;
+    for (const Parameter& p : model_.parameters()) {
+      if (!p.trainable) continue;
+      if (seen++ == index) return p.name;
+    }
+    TORCH_INTERNAL_ASSERT(false, "harness bug: no trainable parameter ", index);
+  }
+
+  const VariantSpec& variant_;
+  const Scenario& scenario_;
+  Observation& out_;
+  Model model_;
+  std::vector<at::Tensor> params_;
+  LossOptions loss_options_;
+  bool optimizer_in_backward_ = false;
+  bool skip_ = false;
+  std::unique_ptr<torch::optim::Optimizer> optimizer_;
+  std::vector<std::unique_ptr<torch::optim::Optimizer>> per_parameter_optimizers_;
+  std::vector<at::Tensor> hook_consumed_;
+};
+
+}  // namespace
+
+std::string first_line(const std::string& text) {
+  std::string line = text.substr(0, text.find('\n'));
+  const auto trailer = line.find("Exception raised from");
+  if (trailer != std::string::npos) line = line.substr(0, trailer);
+  while (!line.empty() && (line.back() == ' ' || line.back() == '\r')) line.pop_back();
+  return line;
+}
+
+Observation run_single_device(const VariantSpec& variant, const Scenario& scenario) {
+  scenarios::validate(scenario);
+  if (scenario.world_size != 1) {
+    throw scenarios::InvalidInput(fmt::format(
+        "scenario '{}': world_size is {} but the single-device runner needs 1", scenario.name,
+        scenario.world_size));
+  }
+  Observation out;
+  out.scenario = scenario.name;
+  out.variant = variant.name;
+  try {
+    SingleDeviceRecipe recipe(variant, scenario, out);
+    recipe.train();
+  } catch (const RecipeRefusal& refusal) {
+    out.error = ErrorRecord{"refusal", refusal.what()};
+  } catch (const c10::Error& error) {
+    out.error = ErrorRecord{"c10::Error", first_line(error.what_without_backtrace())};
+  }
+  return out;
+}
+
+}  // namespace gradnorm::harness

@@ -1,0 +1,48 @@
+#pragma once
+// Runs scenarios x variants, judges each against the oracle and records what was expected
+// of it: a reference or candidate must pass (or signal an expected error); a negative
+// control must be flagged wherever its bug is visible.
+
+#include <string>
+#include <vector>
+
+#include "gradnorm/harness/variant.hpp"
+#include "gradnorm/oracles/verdict.hpp"
+
+namespace gradnorm::oracles {
+
+enum class Expectation {
+  agree,           // reference or candidate: pass or expected-error
+  flag,            // negative control where its bug is visible: anything but pass
+  not_applicable,  // negative control where its bug cannot show (e.g. clipping never bites)
+  finding,         // a documented finding (Scenario::expected_verdicts): that exact verdict
+};
+
+struct EvaluationRow {
+  scenarios::Scenario scenario;
+  harness::VariantSpec variant;
+  harness::Observation observation;
+  Verdict verdict;
+  Expectation expectation = Expectation::agree;
+  bool met = true;            // the verdict is what the expectation asks for
+  // Negative controls: why the bug is (in)visible here. Findings: the documented reason.
+  std::string applicability;
+  PairComparison against_reference;  // this variant vs its reference variant, bit for bit
+  long global_token_count = 0;
+  double oracle_loss = 0;        // first step; NaN when no gradient exists
+  double oracle_grad_norm = 0;   // first step, before clipping
+};
+
+struct Evaluation {
+  std::vector<EvaluationRow> rows;
+  [[nodiscard]] bool all_met() const;
+  [[nodiscard]] int count_unmet() const;
+};
+
+// Scenarios outer, variants inner, both in the given order; deterministic.
+[[nodiscard]] Evaluation evaluate(const std::vector<scenarios::Scenario>& scenarios,
+                                  const std::vector<harness::VariantSpec>& variants);
+
+[[nodiscard]] std::string_view to_string(Expectation expectation);
+
+}  // namespace gradnorm::oracles

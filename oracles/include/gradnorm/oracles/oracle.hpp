@@ -1,0 +1,36 @@
+#pragma once
+// The float64 reference (DESIGN.md §1): every valid token of every rank and micro-batch in
+// one batch, its own loss (log-softmax and gather), its own norm, clip and optimizer
+// arithmetic. It shares no normalisation code with the variants it judges; only the model's
+// forward pass (run on a float64 copy of the same initial parameters) is common.
+
+#include <string>
+#include <vector>
+
+#include "gradnorm/harness/model.hpp"
+#include "gradnorm/harness/observation.hpp"
+#include "gradnorm/scenarios/scenario.hpp"
+
+namespace gradnorm::oracles {
+
+struct OracleStep {
+  std::vector<harness::NamedTensor> gradients;  // clip_coef * g*, what the optimizer consumes
+  double total_norm = 0;                        // ||g*||_2 before clipping
+  double clip_coef = 1;                         // min(1, max_norm / (total_norm + 1e-6))
+  double loss = 0;                              // L*, the loss a recipe should log
+  std::vector<harness::NamedTensor> parameters_after;
+};
+
+struct OracleResult {
+  long global_token_count = 0;  // N of the first step
+  // N == 0: no gradient exists; the step must signal an error (DESIGN.md §4).
+  bool no_gradient = false;
+  std::string contract;  // one line: what the contract says for this scenario
+  std::vector<harness::NamedTensor> initial_parameters;  // float64
+  std::vector<OracleStep> steps;
+};
+
+[[nodiscard]] OracleResult run_oracle(const scenarios::Scenario& scenario,
+                                      const harness::ModelConfig& model);
+
+}  // namespace gradnorm::oracles

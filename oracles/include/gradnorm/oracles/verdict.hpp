@@ -1,0 +1,45 @@
+#pragma once
+// Judges one observation against the oracle (and, for error behaviour, against the
+// variant's reference). A mismatch is a result, never an exception.
+
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "gradnorm/harness/observation.hpp"
+#include "gradnorm/oracles/comparator.hpp"
+#include "gradnorm/oracles/oracle.hpp"
+
+namespace gradnorm::oracles {
+
+enum class VerdictKind {
+  pass,            // every step agrees with the oracle within the dtype's tolerance
+  fail,            // a number disagrees: gradients, update, logged loss or clipped norm
+  expected_error,  // no gradient exists (N == 0) or the recipe refuses the configuration,
+                   // and the variant signals it the way its reference does
+  error_mismatch,  // raised where it should not, signalled differently from its reference,
+                   // or returned finite values where no gradient exists
+};
+
+struct Verdict {
+  VerdictKind kind = VerdictKind::pass;
+  std::vector<std::string> reasons;  // empty for pass; each names quantity, figure and bound
+  std::string outcome;               // how the step ended: "finite", "raises c10::Error", ...
+  ErrorMetrics gradients;            // against the oracle, worst over steps
+  ErrorMetrics updates;              // parameter updates against the oracle's
+  std::optional<double> logged_loss_rel_error;
+  std::optional<double> grad_norm_rel_error;
+};
+
+// `reference` is the observation of the variant whose error behaviour `observed` must
+// match (it may be `observed` itself).
+[[nodiscard]] Verdict judge(const scenarios::Scenario& scenario,
+                            const harness::Observation& observed, const OracleResult& oracle,
+                            const harness::Observation& reference);
+
+// "finite", "raises <type>", or "non-finite <what>": the behaviour an error check compares.
+[[nodiscard]] std::string outcome_of(const harness::Observation& observation);
+
+[[nodiscard]] std::string_view to_string(VerdictKind kind);
+
+}  // namespace gradnorm::oracles

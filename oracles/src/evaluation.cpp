@@ -1,0 +1,145 @@
+#include "gradnorm/oracles/evaluation.hpp"
+
+#include <fmt/format.h>
+#include <fnmatch.h>
+
+#include <limits>
+#include <map>
+
+#include "gradnorm/harness/batch.hpp"
+#include "gradnorm/harness/runner.hpp"
+
+namespace gradnorm::oracles {
+namespace {
+
+using harness::Regression;
+
+// Where a negative control's bug changes what a user sees, decided from the scenario and
+// the oracle alone (never from the control's own output).
+std::pair<bool, std::string> bug_visible(const harness::VariantSpec& v, const scenarios::Scenario& s,
+                                         const OracleResult& oracle) {
+  const bool skip_active = v.skip_scale_when_no_accumulation && s.accumulation_steps == 1 &&
+                           !s.optimizer_in_backward && !v.force_optimizer_in_backward;
+  const long n = oracle.global_token_count;
+  const bool clip_bites = s.clip_max_norm && !oracle.steps.empty() &&
+                          oracle.steps.front().clip_coef < 0.5;
+  switch (v.regression) {
+    case Regression::none: return {false, ""};
+    case Regression::step_inside_skip_gate:
+      if (n > 0 && skip_active) return {true, "skip gate open and N > 0: the step must move"};
+      return {false, "skip gate closed or N == 0: the gated step runs or nothing exists"};
+    case Regression::clip_inside_skip_gate:
+      if (n > 0 && skip_active && clip_bites) {
+        return {true, "skip gate open and clipping scales the gradients by < 0.5"};
+      }
+      return {false, "skip gate closed or clipping does not bite"};
+    case Regression::logged_loss_divided_by_n:
+      if (n > 1 && skip_active) return {true, "skip gate open and N > 1: mean / N != mean"};
+      return {false, "skip gate closed or N <= 1: dividing by N changes nothing"};
+    case Regression::scale_pass_dropped:
+      if (n > 1 && !s.optimizer_in_backward) return {true, "N > 1: token sums differ from means"};
+      return {false, "N <= 1 or optimizer in backward: no scale pass to drop"};
+    case Regression::non_finite_gradients_zeroed:
+      if (n == 0 && s.loss != scenarios::LossKind::linear_ce) {
+        return {true, "N == 0 and the loss yields NaN gradients that the control hides"};
+      }
+      return {false, "gradients are finite (or backward raises) so there is nothing to hide"};
+  }
+  return {false, ""};
+}
+
+const scenarios::ExpectedVerdict* documented_finding(const scenarios::Scenario& s,
+                                                     const harness::VariantSpec& v) {
+  for (const scenarios::ExpectedVerdict& e : s.expected_verdicts) {
+    if (fnmatch(e.variant_pattern.c_str(), v.name.c_str(), 0) == 0) return &e;
+  }
+  return nullptr;
+}
+
+struct OracleKey {
+  std::string scenario;
+  scenarios::ModelKind base;
+  bool lora;
+  bool fake_quantize;
+  auto operator<=>(const OracleKey&) const = default;
+};
+
+}  // namespace
+
+bool Evaluation::all_met() const { return count_unmet() == 0; }
+
+int Evaluation::count_unmet() const {
+  int unmet = 0;
+  for (const EvaluationRow& row : rows) unmet += row.met ? 0 : 1;
+  return unmet;
+}
+
+Evaluation evaluate(const std::vector<scenarios::Scenario>& scenario_list,
+                    const std::vector<harness::VariantSpec>& variant_list) {
+  Evaluation out;
+  for (const scenarios::Scenario& s : scenario_list) {
+    std::map<OracleKey, OracleResult> oracles;
+    std::map<std::string, harness::Observation> observed;
+    auto observe = [&](const harness::VariantSpec& v) -> const harness::Observation& {
+      auto found = observed.find(v.name);
+      if (found == observed.end()) {
+        found = observed.emplace(v.name, harness::run_single_device(v, s)).first;
+      }
+      return found->second;
+    };
+    for (const harness::VariantSpec& v : variant_list) {
+      const harness::ModelConfig config = harness::model_config_for(v, s);
+      const OracleKey key{s.name, config.base, config.lora, config.fake_quantize};
+      auto oracle = oracles.find(key);
+      if (oracle == oracles.end()) oracle = oracles.emplace(key, run_oracle(s, config)).first;
+
+      EvaluationRow row;
+      row.scenario = s;
+      row.variant = v;
+      row.observation = observe(v);
+      const harness::Observation& reference = observe(harness::find_variant(v.reference));
+      row.verdict = judge(s, row.observation, oracle->second, reference);
+      row.global_token_count = oracle->second.global_token_count;
+      const bool has_step = !oracle->second.steps.empty();
+      row.oracle_loss = has_step ? oracle->second.steps.front().loss
+                                 : std::numeric_limits<double>::quiet_NaN();
+      row.oracle_grad_norm = has_step ? oracle->second.steps.front().total_norm
+                                      : std::numeric_limits<double>::quiet_NaN();
+      if (v.name != v.reference) {
+        row.against_reference =
+            compare_observations(row.observation, reference, harness::scalar_type(s.dtype));
+      } else {
+        row.against_reference.bitwise_equal = true;
+      }
+      const bool agreed = row.verdict.kind == VerdictKind::pass ||
+                          row.verdict.kind == VerdictKind::expected_error;
+      if (v.role == harness::Role::negative_control) {
+        auto [visible, why] = bug_visible(v, s, oracle->second);
+        row.applicability = why;
+        row.expectation = visible ? Expectation::flag : Expectation::not_applicable;
+        row.met = !visible || !agreed;
+      } else if (const scenarios::ExpectedVerdict* finding = documented_finding(s, v)) {
+        row.expectation = Expectation::finding;
+        row.applicability = finding->reason;
+        row.met = to_string(row.verdict.kind) == finding->verdict;
+      } else {
+        row.expectation = Expectation::agree;
+        row.met = agreed;
+      }
+      out.rows.push_back(std::move(row));
+    }
+  }
+  return out;
+}
+
+std::string_view to_string(Expectation expectation) {
+  switch (expectation) {
+    case Expectation::agree: return "agree";
+    case Expectation::flag: return "flag";
+    case Expectation::not_applicable: return "n/a";
+    case Expectation::finding: return "finding";
+  }
+  return "<unknown>";
+}
+
+}  // namespace gradnorm::oracles

@@ -1,0 +1,135 @@
+#include "gradnorm/oracles/oracle.hpp"
+
+#include <ATen/ATen.h>
+#include <torch/csrc/autograd/autograd.h>
+
+#include <fmt/format.h>
+
+#include <cmath>
+
+#include "gradnorm/harness/batch.hpp"
+
+namespace gradnorm::oracles {
+namespace {
+
+using harness::NamedTensor;
+using scenarios::OptimizerKind;
+using scenarios::Scenario;
+
+// torch.optim's documented update rules, written out in float64.
+class ReferenceOptimizer {
+ public:
+  explicit ReferenceOptimizer(const Scenario& s) : s_(s) {}
+
+  at::Tensor update(std::size_t index, const at::Tensor& param, const at::Tensor& grad) {
+    if (first_moment_.size() <= index) {
+      first_moment_.resize(index + 1);
+      second_moment_.resize(index + 1);
+    }
+    at::Tensor& m = first_moment_[index];
+    switch (s_.optimizer) {
+      case OptimizerKind::sgd: return param - s_.learning_rate * (grad + s_.weight_decay * param);
+      case OptimizerKind::sgd_momentum: {
+        const at::Tensor d = grad + s_.weight_decay * param;
+        m = m.defined() ? s_.momentum * m + d : d;
+        return param - s_.learning_rate * m;
+      }
+      case OptimizerKind::adamw: {
+        constexpr double kBeta1 = 0.9, kBeta2 = 0.999, kEps = 1e-8;
+        at::Tensor& v = second_moment_[index];
+        if (!m.defined()) {
+          m = at::zeros_like(param);
+          v = at::zeros_like(param);
+        }
+        const double t = static_cast<double>(step_);
+        m = kBeta1 * m + (1 - kBeta1) * grad;
+        v = kBeta2 * v + (1 - kBeta2) * grad * grad;
+        const at::Tensor m_hat = m / (1 - std::pow(kBeta1, t));
+        const at::Tensor v_hat = v / (1 - std::pow(kBeta2, t));
+        const at::Tensor decayed = param * (1 - s_.learning_rate * s_.weight_decay);
+        return decayed - s_.learning_rate * m_hat / (at::sqrt(v_hat) + kEps);
+      }
+    }
+    TORCH_INTERNAL_ASSERT(false, "harness bug: unhandled optimizer");
+  }
+  void begin_step() { ++step_; }
+
+ private:
+  const Scenario& s_;
+  long step_ = 0;
+  std::vector<at::Tensor> first_moment_;
+  std::vector<at::Tensor> second_moment_;
+};
+
+}  // namespace
+
+OracleResult run_oracle(const Scenario& s, const harness::ModelConfig& model_config) {
+  scenarios::validate(s);
+  OracleResult result;
+  result.global_token_count = s.global_token_count();
+  harness::Model model = harness::Model(s, model_config).converted(at::kDouble);
+  for (const harness::Parameter& p : model.parameters()) {
+    if (p.trainable) result.initial_parameters.push_back({p.name, p.value.detach().clone()});
+  }
+  if (result.global_token_count == 0) {
+    result.no_gradient = true;
+    result.contract = "N == 0: no valid token, so no gradient exists; the step must raise or "
+                      "return non-finite values, never a finite update";
+    return result;
+  }
+  result.contract = fmt::format("N = {}: every valid token weighs 1/{}", result.global_token_count,
+                                result.global_token_count);
+  ReferenceOptimizer optimizer(s);
+  for (int step = 0; step < s.steps; ++step) {
+    // All valid tokens of the step, every rank and micro-batch, as one batch.
+    std::vector<at::Tensor> rows;
+    std::vector<at::Tensor> targets;
+    for (int rank = 0; rank < s.world_size; ++rank) {
+      for (harness::MicroBatch batch : harness::make_rank_window(s, rank, step)) {
+        if (batch.inputs.is_floating_point()) batch.inputs = batch.inputs.to(at::kDouble);
+        const at::Tensor logits = model.logits(batch);
+        const at::Tensor valid = batch.labels.ne(harness::kIgnoreIndex).reshape({-1});
+        rows.push_back(logits.reshape({-1, logits.size(-1)}).index({valid}));
+        targets.push_back(batch.labels.reshape({-1}).index({valid}));
+      }
+    }
+    const at::Tensor all_rows = at::cat(rows);
+    const at::Tensor all_targets = at::cat(targets);
+    const long count = all_targets.size(0);
+    TORCH_INTERNAL_ASSERT(count > 0, "harness bug: a later step lost its tokens");
+    const at::Tensor log_probs = at::log_softmax(all_rows, /*dim=*/1);
+    const at::Tensor token_losses = -log_probs.gather(1, all_targets.unsqueeze(1)).squeeze(1);
+    const at::Tensor loss = token_losses.sum() / static_cast<double>(count);
+
+    const std::vector<at::Tensor> trainable = model.trainable_tensors();
+    const auto grads = torch::autograd::grad({loss}, trainable, {}, false, false, true);
+
+    OracleStep out;
+    out.loss = loss.item<double>();
+    double squares = 0;
+    for (const at::Tensor& g : grads) {
+      if (g.defined()) squares += g.pow(2).sum().item<double>();
+    }
+    out.total_norm = std::sqrt(squares);
+    if (s.clip_max_norm) out.clip_coef = std::min(1.0, *s.clip_max_norm / (out.total_norm + 1e-6));
+    optimizer.begin_step();
+    std::size_t index = 0;
+    for (const harness::Parameter& p : model.parameters()) {
+      if (!p.trainable) continue;
+      const at::Tensor g = grads[index].defined() ? grads[index] : at::zeros_like(p.value);
+      const at::Tensor consumed = g * out.clip_coef;
+      out.gradients.push_back({p.name, consumed});
+      at::Tensor next = optimizer.update(index, p.value.detach(), consumed);
+      {
+        at::NoGradGuard no_grad;
+        p.value.copy_(next);
+      }
+      out.parameters_after.push_back({p.name, next.clone()});
+      ++index;
+    }
+    result.steps.push_back(std::move(out));
+  }
+  return result;
+}
+
+}  // namespace gradnorm::oracles

@@ -1,0 +1,173 @@
+#include "gradnorm/oracles/verdict.hpp"
+
+#include <ATen/ATen.h>
+
+#include <fmt/format.h>
+#include <fmt/ranges.h>
+
+#include <cmath>
+
+#include "gradnorm/harness/batch.hpp"
+#include "gradnorm/oracles/tolerance.hpp"
+
+namespace gradnorm::oracles {
+namespace {
+
+bool finite_tensors(const std::vector<harness::NamedTensor>& tensors) {
+  for (const harness::NamedTensor& t : tensors) {
+    if (t.value.defined() && !at::isfinite(t.value).all().item<bool>()) return false;
+  }
+  return true;
+}
+
+double relative_error(double actual, double expected) {
+  if (actual == expected) return 0;
+  return std::abs(actual - expected) / std::max(std::abs(expected), 1e-300);
+}
+
+// The update a storage dtype can resolve: one ULP of every parameter after the step,
+// relative to the size of the oracle's update.
+double storage_allowance(const std::vector<harness::NamedTensor>& after,
+                         const std::vector<harness::NamedTensor>& oracle_update,
+                         scenarios::DType dtype) {
+  double ulp_sq = 0, update_sq = 0;
+  for (std::size_t i = 0; i < after.size(); ++i) {
+    const at::Tensor value = after[i].value.to(at::kDouble).contiguous().reshape({-1});
+    const double* v = value.data_ptr<double>();
+    for (long k = 0; k < value.numel(); ++k) ulp_sq += std::pow(ulp_of(v[k], dtype), 2);
+    update_sq += oracle_update[i].value.pow(2).sum().item<double>();
+  }
+  return update_sq == 0 ? 0 : std::sqrt(ulp_sq / update_sq);
+}
+
+void judge_numbers(const scenarios::Scenario& s, const harness::Observation& observed,
+                   const OracleResult& oracle, Verdict& v) {
+  const Tolerance& tolerance = tolerance_for(s.dtype);
+  const c10::ScalarType dtype = harness::scalar_type(s.dtype);
+  auto fail = [&](std::string reason) {
+    v.kind = VerdictKind::fail;
+    v.reasons.push_back(std::move(reason));
+  };
+  if (observed.steps.size() != oracle.steps.size()) {
+    fail(fmt::format("completed {} of {} steps", observed.steps.size(), oracle.steps.size()));
+  }
+  for (std::size_t step = 0; step < std::min(observed.steps.size(), oracle.steps.size()); ++step) {
+    const harness::StepRecord& got = observed.steps[step];
+    const OracleStep& want = oracle.steps[step];
+
+    const ErrorMetrics gradients = compare_tensors(got.gradients, want.gradients, dtype);
+    v.gradients.merge(gradients);
+    if (!gradients.complete) {
+      fail(fmt::format("step {}: the optimizer consumed no gradient ({})", step, gradients.worst));
+    } else if (!gradients.all_finite) {
+      fail(fmt::format("step {}: non-finite gradients ({})", step, gradients.worst));
+    } else if (gradients.rel_l2_error > tolerance.tensor_rel_l2) {
+      fail(fmt::format("step {}: gradients rel L2 error {:.3g} > {:.0e} (worst {})", step,
+                       gradients.rel_l2_error, tolerance.tensor_rel_l2, gradients.worst));
+    }
+
+    const auto& before = step == 0 ? observed.initial_parameters : observed.steps[step - 1].parameters_after;
+    const auto& oracle_before = step == 0 ? oracle.initial_parameters : oracle.steps[step - 1].parameters_after;
+    const auto oracle_update = updates(oracle_before, want.parameters_after);
+    const ErrorMetrics update =
+        compare_tensors(updates(before, got.parameters_after), oracle_update, at::kDouble);
+    v.updates.merge(update);
+    const double allowance = storage_allowance(got.parameters_after, oracle_update, s.dtype);
+    if (!update.all_finite) {
+      fail(fmt::format("step {}: non-finite parameters after the step ({})", step, update.worst));
+    } else if (update.rel_l2_error > tolerance.tensor_rel_l2 + allowance) {
+      fail(fmt::format("step {}: parameter update rel L2 error {:.3g} > {:.0e} + {:.2g} for "
+                       "{} storage (worst {})",
+                       step, update.rel_l2_error, tolerance.tensor_rel_l2, allowance,
+                       scenarios::to_string(s.dtype), update.worst));
+    }
+
+    if (!got.logged_loss) {
+      fail(fmt::format("step {}: no loss was logged", step));
+    } else {
+      const double error = relative_error(*got.logged_loss, want.loss);
+      v.logged_loss_rel_error = std::max(v.logged_loss_rel_error.value_or(0), error);
+      if (!(error <= tolerance.scalar_rel)) {
+        fail(fmt::format("step {}: logged loss {:.9g}, oracle {:.9g}, rel error {:.3g} > {:.0e}",
+                         step, *got.logged_loss, want.loss, error, tolerance.scalar_rel));
+      }
+    }
+
+    if (s.clip_max_norm) {
+      if (!got.grad_norm) {
+        fail(fmt::format("step {}: clip_max_norm is {} but clip_grad_norm_ never ran", step,
+                         *s.clip_max_norm));
+      } else {
+        const double error = relative_error(*got.grad_norm, want.total_norm);
+        v.grad_norm_rel_error = std::max(v.grad_norm_rel_error.value_or(0), error);
+        if (!(error <= tolerance.scalar_rel)) {
+          fail(fmt::format("step {}: grad norm {:.9g}, oracle {:.9g}, rel error {:.3g} > {:.0e}",
+                           step, *got.grad_norm, want.total_norm, error, tolerance.scalar_rel));
+        }
+      }
+    }
+  }
+}
+
+}  // namespace
+
+std::string outcome_of(const harness::Observation& o) {
+  if (o.error) return fmt::format("raises {}", o.error->type);
+  if (o.steps.empty()) return "no step";
+  std::vector<std::string> bad;
+  const harness::StepRecord& first = o.steps.front();
+  bool missing = false;
+  for (const auto& g : first.gradients) missing = missing || !g.value.defined();
+  if (missing) bad.push_back("missing gradients");
+  if (!finite_tensors(first.gradients)) bad.push_back("gradients");
+  if (first.grad_norm && !std::isfinite(*first.grad_norm)) bad.push_back("grad norm");
+  if (first.logged_loss && !std::isfinite(*first.logged_loss)) bad.push_back("logged loss");
+  if (!finite_tensors(first.parameters_after)) bad.push_back("parameters");
+  if (bad.empty()) return "finite";
+  return fmt::format("non-finite {}", fmt::join(bad, ", "));
+}
+
+Verdict judge(const scenarios::Scenario& s, const harness::Observation& observed,
+              const OracleResult& oracle, const harness::Observation& reference) {
+  Verdict v;
+  v.outcome = outcome_of(observed);
+  const std::string expected = outcome_of(reference);
+  if (oracle.no_gradient) {
+    if (v.outcome == "finite") {
+      v.kind = VerdictKind::error_mismatch;
+      v.reasons.push_back("N == 0 but the step returned finite gradients, loss and parameters: "
+                          "a silent update where no gradient exists");
+    } else if (v.outcome == expected) {
+      v.kind = VerdictKind::expected_error;
+    } else {
+      v.kind = VerdictKind::error_mismatch;
+      v.reasons.push_back(fmt::format("N == 0: {}, but its reference {} {}", v.outcome,
+                                      reference.variant, expected));
+    }
+    return v;
+  }
+  if (observed.error) {
+    const bool refused_like_reference = observed.error->type == "refusal" && reference.error &&
+                                        reference.error->type == "refusal";
+    v.kind = refused_like_reference ? VerdictKind::expected_error : VerdictKind::error_mismatch;
+    if (!refused_like_reference) {
+      v.reasons.push_back(fmt::format("raised {} ({}) where the oracle has a gradient",
+                                      observed.error->type, observed.error->message));
+    }
+    return v;
+  }
+  judge_numbers(s, observed, oracle, v);
+  return v;
+}
+
+std::string_view to_string(VerdictKind kind) {
+  switch (kind) {
+    case VerdictKind::pass: return "pass";
+    case VerdictKind::fail: return "fail";
+    case VerdictKind::expected_error: return "expected-error";
+    case VerdictKind::error_mismatch: return "error-mismatch";
+  }
+  return "<unknown>";
+}
+
+}  // namespace gradnorm::oracles

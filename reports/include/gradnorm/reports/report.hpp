@@ -1,0 +1,46 @@
+#pragma once
+// Writers for an Evaluation: a terminal table, JSON (one record per scenario x variant),
+// and Markdown fit to paste into a pull request. Same evaluation, same bytes.
+
+#include <nlohmann/json_fwd.hpp>
+
+#include <string>
+
+#include "gradnorm/harness/determinism.hpp"
+#include "gradnorm/oracles/evaluation.hpp"
+
+namespace gradnorm::reports {
+
+inline constexpr int kJsonSchemaVersion = 1;
+
+struct Summary {
+  int rows = 0;
+  int passed = 0;
+  int failed = 0;
+  int expected_errors = 0;
+  int error_mismatches = 0;
+  int unmet = 0;                  // rows whose verdict is not what was expected of them
+  int controls_visible = 0;       // negative-control rows where the bug must show
+  int controls_caught = 0;        // ... and were flagged
+  int findings = 0;               // documented findings reproduced
+};
+
+[[nodiscard]] Summary summarize(const oracles::Evaluation& evaluation);
+
+// A fixed-width table, one line per row, then the reasons of every unexpected row and a
+// summary line. No colour, no timestamps.
+[[nodiscard]] std::string render_table(const oracles::Evaluation& evaluation);
+
+// {"schema": 1, "settings": {...}, "summary": {...}, "records": [...]}; non-finite numbers
+// are written as null.
+[[nodiscard]] nlohmann::json to_json(const oracles::Evaluation& evaluation,
+                                     const harness::RunSettings& settings);
+
+[[nodiscard]] std::string render_markdown(const oracles::Evaluation& evaluation,
+                                          const harness::RunSettings& settings);
+
+// Writes `text` to `path` through a temporary file renamed into place, so a reader never
+// sees half a report. Throws scenarios::InvalidInput naming the path on failure.
+void write_file_atomically(const std::string& path, const std::string& text);
+
+}  // namespace gradnorm::reports

@@ -1,0 +1,25 @@
+#include "gradnorm/reports/report.hpp"
+
+namespace gradnorm::reports {
+
+Summary summarize(const oracles::Evaluation& evaluation) {
+  Summary s;
+  for (const oracles::EvaluationRow& row : evaluation.rows) {
+    ++s.rows;
+    switch (row.verdict.kind) {
+      case oracles::VerdictKind::pass: ++s.passed; break;
+      case oracles::VerdictKind::fail: ++s.failed; break;
+      case oracles::VerdictKind::expected_error: ++s.expected_errors; break;
+      case oracles::VerdictKind::error_mismatch: ++s.error_mismatches; break;
+    }
+    if (!row.met) ++s.unmet;
+    if (row.expectation == oracles::Expectation::flag) {
+      ++s.controls_visible;
+      if (row.met) ++s.controls_caught;
+    }
+    if (row.expectation == oracles::Expectation::finding && row.met) ++s.findings;
+  }
+  return s;
+}
+
+}  // namespace gradnorm::reports

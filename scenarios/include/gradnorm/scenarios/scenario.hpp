@@ -1,0 +1,96 @@
+#pragma once
+// One optimizer step described as plain data. No torch here: this header is cheap to
+// include and a scenario reads the same in a test, a file and a report.
+
+#include <cstdint>
+#include <optional>
+#include <stdexcept>
+#include <string>
+#include <string_view>
+#include <vector>
+
+namespace gradnorm::scenarios {
+
+// Bad user input: a malformed scenario, an impossible count, an unknown name. The message
+// says what was wrong, what was expected and what was found.
+class InvalidInput : public std::runtime_error {
+ public:
+  using std::runtime_error::runtime_error;
+};
+
+enum class DType { float64, float32, bfloat16 };
+enum class ModelKind { causal_lm, linear_head, lora };
+// How the loss forms its mean; decides what an all-masked batch does (DESIGN.md §1).
+//   mean_ce   : PyTorch cross_entropy(reduction=mean): NaN value, zero gradients.
+//   chunked_ce: sum of per-chunk CE sums / total valid count: 0/0, NaN gradients.
+//   linear_ce : returns a graph-less zero when nothing is valid, so backward raises.
+enum class LossKind { mean_ce, chunked_ce, linear_ce };
+enum class OptimizerKind { sgd, sgd_momentum, adamw };
+// Where the ignored (-100) positions sit inside a sequence.
+enum class MaskPattern { trailing_padding, prompt_prefix, random_holes };
+
+// A documented finding: on this scenario, variants matching `variant_pattern` (shell-style)
+// are known to end with `verdict` ("fail", "error-mismatch", ...) for the stated reason. A run
+// that no longer reproduces it says so, so the note cannot go stale silently.
+struct ExpectedVerdict {
+  std::string variant_pattern;
+  std::string verdict;
+  std::string reason;
+};
+
+struct Scenario {
+  std::string name;
+  int world_size = 1;
+  int accumulation_steps = 1;
+  // valid_tokens[rank][micro_batch]: how many labels of that micro-batch are not -100.
+  std::vector<std::vector<int>> valid_tokens{{5}};
+  int micro_batch_size = 2;  // sequences per micro-batch
+  int sequence_length = 8;   // positions per sequence; the last one is always ignored
+  MaskPattern mask = MaskPattern::trailing_padding;
+  int vocab_size = 11;
+  int hidden_size = 6;
+  int lora_rank = 2;
+  int loss_chunks = 2;  // chunks of the chunked loss along the sequence
+  DType dtype = DType::float32;
+  ModelKind model = ModelKind::causal_lm;
+  LossKind loss = LossKind::mean_ce;
+  OptimizerKind optimizer = OptimizerKind::sgd;
+  double learning_rate = 0.5;
+  double momentum = 0.9;       // used by sgd_momentum
+  double weight_decay = 0.0;   // used by every optimizer
+  std::optional<double> clip_max_norm;
+  bool optimizer_in_backward = false;
+  int steps = 1;
+  std::uint64_t seed = 0;
+  std::vector<ExpectedVerdict> expected_verdicts;
+
+  // Sum over micro-batches of one rank.
+  [[nodiscard]] long rank_token_count(int rank) const;
+  // N: every valid token of one step, all ranks and micro-batches.
+  [[nodiscard]] long global_token_count() const;
+  // Positions that can hold a valid label in one micro-batch.
+  [[nodiscard]] int micro_batch_capacity() const {
+    return micro_batch_size * (sequence_length - 1);
+  }
+};
+
+// Throws InvalidInput naming the field and the offending values.
+void validate(const Scenario& scenario);
+
+// One line that reads as the scenario: used by rapidcheck and by reports.
+[[nodiscard]] std::string describe(const Scenario& scenario);
+
+[[nodiscard]] std::string_view to_string(DType value);
+[[nodiscard]] std::string_view to_string(ModelKind value);
+[[nodiscard]] std::string_view to_string(LossKind value);
+[[nodiscard]] std::string_view to_string(OptimizerKind value);
+[[nodiscard]] std::string_view to_string(MaskPattern value);
+
+// Parse the names printed by to_string; throw InvalidInput listing the accepted names.
+[[nodiscard]] DType parse_dtype(std::string_view text);
+[[nodiscard]] ModelKind parse_model_kind(std::string_view text);
+[[nodiscard]] LossKind parse_loss_kind(std::string_view text);
+[[nodiscard]] OptimizerKind parse_optimizer_kind(std::string_view text);
+[[nodiscard]] MaskPattern parse_mask_pattern(std::string_view text);
+
+}  // namespace gradnorm::scenarios

@@ -1,0 +1,169 @@
+#include "gradnorm/scenarios/scenario.hpp"
+
+#include <fmt/format.h>
+#include <fmt/ranges.h>
+
+#include <array>
+#include <cmath>
+#include <numeric>
+#include <utility>
+
+namespace gradnorm::scenarios {
+namespace {
+
+template <typename Enum, std::size_t Size>
+using NameTable = std::array<std::pair<Enum, std::string_view>, Size>;
+
+constexpr NameTable<DType, 3> kDTypeNames{{
+    {DType::float64, "float64"}, {DType::float32, "float32"}, {DType::bfloat16, "bfloat16"}}};
+constexpr NameTable<ModelKind, 3> kModelNames{{{ModelKind::causal_lm, "causal_lm"},
+                                               {ModelKind::linear_head, "linear_head"},
+                                               {ModelKind::lora, "lora"}}};
+constexpr NameTable<LossKind, 3> kLossNames{{{LossKind::mean_ce, "mean_ce"},
+                                             {LossKind::chunked_ce, "chunked_ce"},
+                                             {LossKind::linear_ce, "linear_ce"}}};
+constexpr NameTable<OptimizerKind, 3> kOptimizerNames{{{OptimizerKind::sgd, "sgd"},
+                                                       {OptimizerKind::sgd_momentum, "sgd_momentum"},
+                                                       {OptimizerKind::adamw, "adamw"}}};
+constexpr NameTable<MaskPattern, 3> kMaskNames{{{MaskPattern::trailing_padding, "trailing_padding"},
+                                                {MaskPattern::prompt_prefix, "prompt_prefix"},
+                                                {MaskPattern::random_holes, "random_holes"}}};
+
+template <typename Enum, std::size_t Size>
+std::string_view name_of(const NameTable<Enum, Size>& table, Enum value) {
+  for (const auto& [candidate, name] : table) {
+    if (candidate == value) return name;
+  }
+  return "<unknown>";
+}
+
+template <typename Enum, std::size_t Size>
+Enum parse_name(const NameTable<Enum, Size>& table, std::string_view text, std::string_view what) {
+  std::vector<std::string_view> accepted;
+  for (const auto& [candidate, name] : table) {
+    if (name == text) return candidate;
+    accepted.push_back(name);
+  }
+  throw InvalidInput(fmt::format("unknown {} '{}': expected one of {}", what, text,
+                                 fmt::join(accepted, ", ")));
+}
+
+void require(bool condition, const Scenario& scenario, std::string_view field,
+             const std::string& detail) {
+  if (!condition) {
+    throw InvalidInput(fmt::format("scenario '{}': {} {}", scenario.name, field, detail));
+  }
+}
+
+}  // namespace
+
+long Scenario::rank_token_count(int rank) const {
+  const auto& row = valid_tokens.at(static_cast<std::size_t>(rank));
+  return std::accumulate(row.begin(), row.end(), 0L);
+}
+
+long Scenario::global_token_count() const {
+  long total = 0;
+  for (int rank = 0; rank < static_cast<int>(valid_tokens.size()); ++rank) {
+    total += rank_token_count(rank);
+  }
+  return total;
+}
+
+void validate(const Scenario& s) {
+  require(!s.name.empty(), s, "name", "must not be empty");
+  require(s.world_size >= 1 && s.world_size <= 4096, s, "world_size",
+          fmt::format("must be in [1, 4096], got {}", s.world_size));
+  require(s.accumulation_steps >= 1 && s.accumulation_steps <= 1024, s, "accumulation_steps",
+          fmt::format("must be in [1, 1024], got {}", s.accumulation_steps));
+  require(s.micro_batch_size >= 1 && s.micro_batch_size <= 4096, s, "micro_batch_size",
+          fmt::format("must be in [1, 4096], got {}", s.micro_batch_size));
+  require(s.sequence_length >= 2 && s.sequence_length <= 65536, s, "sequence_length",
+          fmt::format("must be in [2, 65536] (the last position is always ignored), got {}",
+                      s.sequence_length));
+  require(s.vocab_size >= 2 && s.vocab_size <= 1 << 20, s, "vocab_size",
+          fmt::format("must be in [2, 1048576], got {}", s.vocab_size));
+  require(s.hidden_size >= 1 && s.hidden_size <= 1 << 16, s, "hidden_size",
+          fmt::format("must be in [1, 65536], got {}", s.hidden_size));
+  require(s.lora_rank >= 1 && s.lora_rank <= s.hidden_size, s, "lora_rank",
+          fmt::format("must be in [1, hidden_size={}], got {}", s.hidden_size, s.lora_rank));
+  require(s.loss_chunks >= 1 && s.loss_chunks <= s.sequence_length, s, "loss_chunks",
+          fmt::format("must be in [1, sequence_length={}], got {}", s.sequence_length,
+                      s.loss_chunks));
+  require(std::isfinite(s.learning_rate) && s.learning_rate > 0, s, "learning_rate",
+          fmt::format("must be finite and > 0, got {}", s.learning_rate));
+  require(std::isfinite(s.momentum) && s.momentum >= 0 && s.momentum < 1, s, "momentum",
+          fmt::format("must be in [0, 1), got {}", s.momentum));
+  require(std::isfinite(s.weight_decay) && s.weight_decay >= 0, s, "weight_decay",
+          fmt::format("must be finite and >= 0, got {}", s.weight_decay));
+  if (s.clip_max_norm) {
+    require(std::isfinite(*s.clip_max_norm) && *s.clip_max_norm > 0, s, "clip_max_norm",
+            fmt::format("must be finite and > 0 when set, got {}", *s.clip_max_norm));
+  }
+  require(s.steps >= 1 && s.steps <= 10000, s, "steps",
+          fmt::format("must be in [1, 10000], got {}", s.steps));
+
+  for (const ExpectedVerdict& e : s.expected_verdicts) {
+    const bool known = e.verdict == "pass" || e.verdict == "fail" ||
+                       e.verdict == "expected-error" || e.verdict == "error-mismatch";
+    require(known, s, "expected_verdicts",
+            fmt::format("names verdict '{}'; expected pass, fail, expected-error or "
+                        "error-mismatch",
+                        e.verdict));
+    require(!e.variant_pattern.empty() && !e.reason.empty(), s, "expected_verdicts",
+            "needs a variant pattern and a reason");
+  }
+  require(static_cast<int>(s.valid_tokens.size()) == s.world_size, s, "valid_tokens",
+          fmt::format("has {} rank rows but world_size is {}", s.valid_tokens.size(),
+                      s.world_size));
+  const int capacity = s.micro_batch_capacity();
+  for (std::size_t rank = 0; rank < s.valid_tokens.size(); ++rank) {
+    const auto& row = s.valid_tokens[rank];
+    require(static_cast<int>(row.size()) == s.accumulation_steps, s, "valid_tokens",
+            fmt::format("rank {} has {} micro-batches but accumulation_steps is {}", rank,
+                        row.size(), s.accumulation_steps));
+    for (std::size_t micro = 0; micro < row.size(); ++micro) {
+      require(row[micro] >= 0, s, "valid_tokens",
+              fmt::format("rank {} micro-batch {} asks for {} valid tokens; counts must be >= 0",
+                          rank, micro, row[micro]));
+      require(row[micro] <= capacity, s, "valid_tokens",
+              fmt::format("rank {} micro-batch {} asks for {} valid tokens but holds {} "
+                          "positions (micro_batch_size {} x (sequence_length {} - 1)); raise "
+                          "sequence_length or micro_batch_size",
+                          rank, micro, row[micro], capacity, s.micro_batch_size,
+                          s.sequence_length));
+    }
+  }
+}
+
+std::string describe(const Scenario& s) {
+  std::string counts = fmt::format("{}", s.valid_tokens);
+  std::string clip = s.clip_max_norm ? fmt::format("{}", *s.clip_max_norm) : "none";
+  return fmt::format(
+      "{} W={} A={} counts={} B={} T={} mask={} V={} H={} dtype={} model={} loss={} opt={} "
+      "lr={} clip={} in_bwd={} steps={} seed={}",
+      s.name, s.world_size, s.accumulation_steps, counts, s.micro_batch_size, s.sequence_length,
+      to_string(s.mask), s.vocab_size, s.hidden_size, to_string(s.dtype), to_string(s.model),
+      to_string(s.loss), to_string(s.optimizer), s.learning_rate, clip, s.optimizer_in_backward,
+      s.steps, s.seed);
+}
+
+std::string_view to_string(DType value) { return name_of(kDTypeNames, value); }
+std::string_view to_string(ModelKind value) { return name_of(kModelNames, value); }
+std::string_view to_string(LossKind value) { return name_of(kLossNames, value); }
+std::string_view to_string(OptimizerKind value) { return name_of(kOptimizerNames, value); }
+std::string_view to_string(MaskPattern value) { return name_of(kMaskNames, value); }
+
+DType parse_dtype(std::string_view text) { return parse_name(kDTypeNames, text, "dtype"); }
+ModelKind parse_model_kind(std::string_view text) {
+  return parse_name(kModelNames, text, "model");
+}
+LossKind parse_loss_kind(std::string_view text) { return parse_name(kLossNames, text, "loss"); }
+OptimizerKind parse_optimizer_kind(std::string_view text) {
+  return parse_name(kOptimizerNames, text, "optimizer");
+}
+MaskPattern parse_mask_pattern(std::string_view text) {
+  return parse_name(kMaskNames, text, "mask");
+}
+
+}  // namespace gradnorm::scenarios
