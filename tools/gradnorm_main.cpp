@@ -58,13 +58,16 @@ struct RunOptions {
   std::string json_path;
   std::string markdown_path;
   bool quiet = false;
+  bool ignore_findings = false;
 };
 
 int run_command(const RunOptions& options) {
   const auto scenario_list = pick_scenarios(options.scenario_patterns);
   const auto variant_list = pick_variants(options.variant_patterns);
   harness::DeterminismGuard guard;
-  const oracles::Evaluation evaluation = oracles::evaluate(scenario_list, variant_list);
+  const oracles::Evaluation evaluation = oracles::evaluate(
+      scenario_list, variant_list,
+      oracles::EvaluateOptions{.use_documented_findings = !options.ignore_findings});
   // Reports are complete before anything is printed as done; each is written atomically.
   if (!options.json_path.empty()) {
     reports::write_file_atomically(
@@ -133,6 +136,9 @@ int main(int argc, char** argv) {
   run->add_option("--json", run_options.json_path, "write one JSON record per row to PATH");
   run->add_option("--markdown", run_options.markdown_path, "write a pull-request report to PATH");
   run->add_flag("--quiet,-q", run_options.quiet, "print the summary line only");
+  run->add_flag("--ignore-findings", run_options.ignore_findings,
+                "treat documented findings as failures: every reference and candidate must "
+                "agree with the oracle");
 
   bool scenarios_only = false, variants_only = false;
   CLI::App* list = app.add_subcommand("list", "list the scenario catalogue and the variants");

@@ -90,6 +90,12 @@ MicroBatch make_micro_batch(const scenarios::Scenario& s, int rank, int step, in
   return out;
 }
 
+BatchSource scenario_batches(const scenarios::Scenario& scenario) {
+  return [scenario](int rank, int step, int micro) {
+    return make_micro_batch(scenario, rank, step, micro);
+  };
+}
+
 std::vector<MicroBatch> make_rank_window(const scenarios::Scenario& s, int rank, int step) {
   std::vector<MicroBatch> window;
   for (int micro = 0; micro < s.accumulation_steps; ++micro) {

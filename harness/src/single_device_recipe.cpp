@@ -76,9 +76,11 @@ std::vector<NamedTensor> snapshot_parameters(const Model& model) {
 
 class SingleDeviceRecipe {
  public:
-  SingleDeviceRecipe(const VariantSpec& variant, const Scenario& scenario, Observation& out)
+  SingleDeviceRecipe(const VariantSpec& variant, const Scenario& scenario,
+                     const BatchSource& batches, Observation& out)
       : variant_(variant),
         scenario_(scenario),
+        batches_(batches),
         out_(out),
         model_(scenario, model_config_for(variant, scenario)),
         params_(model_.trainable_tensors()),
@@ -130,7 +132,17 @@ class SingleDeviceRecipe {
   }
 
   void train_one_step(int step) {
-    const std::vector<MicroBatch> window = make_rank_window(scenario_, /*rank=*/0, step);
+    std::vector<MicroBatch> window;
+    for (int micro = 0; micro < scenario_.accumulation_steps; ++micro) {
+      window.push_back(batches_(/*rank=*/0, step, micro));
+      const long valid = window.back().labels.ne(kIgnoreIndex).sum().item<long>();
+      if (valid != scenario_.valid_tokens[0][micro]) {
+        throw scenarios::InvalidInput(fmt::format(
+            "scenario '{}': the batch source gave step {} micro-batch {} with {} valid labels, "
+            "but the scenario asks for {}",
+            scenario_.name, step, micro, valid, scenario_.valid_tokens[0][micro]));
+      }
+    }
     at::Tensor running_loss = at::zeros({}, at::kFloat);
     at::Tensor num_tokens = at::zeros({}, at::kLong);
     hook_consumed_.assign(params_.size(), at::Tensor());
@@ -214,6 +226,7 @@ class SingleDeviceRecipe {
 
   const VariantSpec& variant_;
   const Scenario& scenario_;
+  const BatchSource& batches_;
   Observation& out_;
   Model model_;
   std::vector<at::Tensor> params_;
@@ -236,6 +249,11 @@ std::string first_line(const std::string& text) {
 }
 
 Observation run_single_device(const VariantSpec& variant, const Scenario& scenario) {
+  return run_single_device(variant, scenario, scenario_batches(scenario));
+}
+
+Observation run_single_device(const VariantSpec& variant, const Scenario& scenario,
+                              const BatchSource& batches) {
   scenarios::validate(scenario);
   if (scenario.world_size != 1) {
     throw scenarios::InvalidInput(fmt::format(
@@ -246,7 +264,7 @@ Observation run_single_device(const VariantSpec& variant, const Scenario& scenar
   out.scenario = scenario.name;
   out.variant = variant.name;
   try {
-    SingleDeviceRecipe recipe(variant, scenario, out);
+    SingleDeviceRecipe recipe(variant, scenario, batches, out);
     recipe.train();
   } catch (const RecipeRefusal& refusal) {
     out.error = ErrorRecord{"refusal", refusal.what()};

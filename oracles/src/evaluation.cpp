@@ -75,7 +75,8 @@ int Evaluation::count_unmet() const {
 }
 
 Evaluation evaluate(const std::vector<scenarios::Scenario>& scenario_list,
-                    const std::vector<harness::VariantSpec>& variant_list) {
+                    const std::vector<harness::VariantSpec>& variant_list,
+                    const EvaluateOptions& options) {
   Evaluation out;
   for (const scenarios::Scenario& s : scenario_list) {
     std::map<OracleKey, OracleResult> oracles;
@@ -118,7 +119,8 @@ Evaluation evaluate(const std::vector<scenarios::Scenario>& scenario_list,
         row.applicability = why;
         row.expectation = visible ? Expectation::flag : Expectation::not_applicable;
         row.met = !visible || !agreed;
-      } else if (const scenarios::ExpectedVerdict* finding = documented_finding(s, v)) {
+      } else if (const scenarios::ExpectedVerdict* finding =
+                     options.use_documented_findings ? documented_finding(s, v) : nullptr) {
         row.expectation = Expectation::finding;
         row.applicability = finding->reason;
         row.met = to_string(row.verdict.kind) == finding->verdict;

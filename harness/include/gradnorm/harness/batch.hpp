@@ -3,6 +3,7 @@
 
 #include <ATen/core/Tensor.h>
 
+#include <functional>
 #include <vector>
 
 #include "gradnorm/scenarios/scenario.hpp"
@@ -27,6 +28,13 @@ struct MicroBatch {
 // bit-identical tensors.
 [[nodiscard]] MicroBatch make_micro_batch(const scenarios::Scenario& scenario, int rank, int step,
                                           int micro);
+
+// Where a run takes its micro-batches from: (rank, step, micro) -> tensors. The default is
+// make_micro_batch; tests and users can feed their own batches.
+using BatchSource = std::function<MicroBatch(int rank, int step, int micro)>;
+
+// The scenario's own batches.
+[[nodiscard]] BatchSource scenario_batches(const scenarios::Scenario& scenario);
 
 // Every micro-batch of `rank` for one optimizer step, in order.
 [[nodiscard]] std::vector<MicroBatch> make_rank_window(const scenarios::Scenario& scenario,

@@ -39,9 +39,15 @@ struct Evaluation {
   [[nodiscard]] int count_unmet() const;
 };
 
+struct EvaluateOptions {
+  // When false, documented findings are ignored: every reference and candidate must agree.
+  bool use_documented_findings = true;
+};
+
 // Scenarios outer, variants inner, both in the given order; deterministic.
 [[nodiscard]] Evaluation evaluate(const std::vector<scenarios::Scenario>& scenarios,
-                                  const std::vector<harness::VariantSpec>& variants);
+                                  const std::vector<harness::VariantSpec>& variants,
+                                  const EvaluateOptions& options = {});
 
 [[nodiscard]] std::string_view to_string(Expectation expectation);
 
