@@ -43,8 +43,14 @@ std::vector<long> valid_positions(scenarios::MaskPattern mask, int count, int us
 }  // namespace
 
 std::uint64_t derive_seed(std::uint64_t base, std::initializer_list<std::uint64_t> path) {
+  // Each index is mixed through its own constant and added, so no (base, index) pair can
+  // cancel structurally the way base ^ index would when index + 1 == base.
+  constexpr std::uint64_t kPathSalt = 0x632be59bd9b4e019ULL;
   std::uint64_t state = splitmix64(base);
-  for (std::uint64_t index : path) state = splitmix64(state ^ splitmix64(index + 1));
+  std::uint64_t position = 0;
+  for (std::uint64_t index : path) {
+    state = splitmix64(state + splitmix64(index ^ (kPathSalt * ++position)));
+  }
   return state;
 }
 

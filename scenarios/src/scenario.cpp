@@ -6,6 +6,7 @@
 #include <array>
 #include <cmath>
 #include <numeric>
+#include <ostream>
 #include <utility>
 
 namespace gradnorm::scenarios {
@@ -146,6 +147,10 @@ std::string describe(const Scenario& s) {
       to_string(s.mask), s.vocab_size, s.hidden_size, to_string(s.dtype), to_string(s.model),
       to_string(s.loss), to_string(s.optimizer), s.learning_rate, clip, s.optimizer_in_backward,
       s.steps, s.seed);
+}
+
+std::ostream& operator<<(std::ostream& out, const Scenario& scenario) {
+  return out << describe(scenario);
 }
 
 std::string_view to_string(DType value) { return name_of(kDTypeNames, value); }

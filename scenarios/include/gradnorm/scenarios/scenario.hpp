@@ -3,6 +3,7 @@
 // include and a scenario reads the same in a test, a file and a report.
 
 #include <cstdint>
+#include <iosfwd>
 #include <optional>
 #include <stdexcept>
 #include <string>
@@ -79,6 +80,8 @@ void validate(const Scenario& scenario);
 
 // One line that reads as the scenario: used by rapidcheck and by reports.
 [[nodiscard]] std::string describe(const Scenario& scenario);
+// Prints describe(): GoogleTest and rapidcheck show a counter-example as a scenario.
+std::ostream& operator<<(std::ostream& out, const Scenario& scenario);
 
 [[nodiscard]] std::string_view to_string(DType value);
 [[nodiscard]] std::string_view to_string(ModelKind value);

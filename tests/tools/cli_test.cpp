@@ -1,0 +1,210 @@
+// The gradnorm CLI as a user runs it: exit codes (0 as expected, 1 unexpected verdicts,
+// 2 usage or input error), what it prints, and the JSON report it writes.
+#include <gtest/gtest.h>
+#include <nlohmann/json.hpp>
+#include <sys/wait.h>
+
+#include <cstdio>
+#include <cstdlib>
+#include <filesystem>
+#include <fstream>
+#include <iterator>
+#include <stdexcept>
+#include <string>
+#include <vector>
+
+#include "gradnorm/harness/variant.hpp"
+
+namespace gradnorm {
+namespace {
+
+struct CliResult {
+  int exit_code = -1;  // -1 when the process did not exit normally
+  std::string output;  // stdout and stderr, interleaved
+};
+
+std::string shell_quote(const std::string& text) {
+  std::string quoted = "'";
+  for (char c : text) quoted += c == '\'' ? std::string("'\\''") : std::string(1, c);
+  return quoted + "'";
+}
+
+std::string command_line(const std::vector<std::string>& args) {
+  std::string line = shell_quote(GRADNORM_CLI);
+  for (const std::string& arg : args) line += " " + shell_quote(arg);
+  return line;
+}
+
+CliResult run_cli(const std::vector<std::string>& args) {
+  CliResult result;
+  FILE* pipe = popen((command_line(args) + " 2>&1").c_str(), "r");
+  if (pipe == nullptr) throw std::runtime_error("popen failed for " + command_line(args));
+  char buffer[4096];
+  for (std::size_t count = 0; (count = std::fread(buffer, 1, sizeof buffer, pipe)) > 0;) {
+    result.output.append(buffer, count);
+  }
+  const int status = pclose(pipe);
+  if (status != -1 && WIFEXITED(status)) result.exit_code = WEXITSTATUS(status);
+  return result;
+}
+
+// Prints the command and its output with every failed expectation about it.
+std::string explain(const std::vector<std::string>& args, const CliResult& result) {
+  return "$ " + command_line(args) + "\n(exit " + std::to_string(result.exit_code) + ")\n" +
+         result.output;
+}
+
+bool contains(const std::string& text, const std::string& needle) {
+  return text.find(needle) != std::string::npos;
+}
+
+std::string read_file(const std::filesystem::path& path) {
+  std::ifstream file(path, std::ios::binary);
+  return std::string(std::istreambuf_iterator<char>(file), std::istreambuf_iterator<char>());
+}
+
+// Removes a temporary folder made by mkdtemp, whatever the test did inside it.
+class TemporaryDirectory {
+ public:
+  TemporaryDirectory() {
+    std::string pattern = "/tmp/gradnorm-cli-XXXXXX";
+    if (mkdtemp(pattern.data()) == nullptr) throw std::runtime_error("mkdtemp failed");
+    path_ = pattern;
+  }
+  ~TemporaryDirectory() {
+    std::error_code ignored;
+    std::filesystem::remove_all(path_, ignored);
+  }
+  TemporaryDirectory(const TemporaryDirectory&) = delete;
+  TemporaryDirectory& operator=(const TemporaryDirectory&) = delete;
+  [[nodiscard]] const std::filesystem::path& path() const { return path_; }
+
+ private:
+  std::filesystem::path path_;
+};
+
+TEST(Cli, NoSubcommandIsAUsageError) {
+  const std::vector<std::string> args;
+  const CliResult r = run_cli(args);
+  EXPECT_EQ(r.exit_code, 2) << explain(args, r);
+}
+
+TEST(Cli, UnknownVariantIsAUsageErrorNamingIt) {
+  const std::vector<std::string> args = {"run", "--variant", "nope"};
+  const CliResult r = run_cli(args);
+  EXPECT_EQ(r.exit_code, 2) << explain(args, r);
+  EXPECT_TRUE(contains(r.output, "unknown variant 'nope'")) << explain(args, r);
+}
+
+TEST(Cli, UnknownScenarioIsAUsageError) {
+  const std::vector<std::string> args = {"run", "--scenario", "nope/x"};
+  const CliResult r = run_cli(args);
+  EXPECT_EQ(r.exit_code, 2) << explain(args, r);
+  EXPECT_TRUE(contains(r.output, "unknown scenario")) << explain(args, r);
+}
+
+TEST(Cli, RunPrintsThePassingRows) {
+  const std::vector<std::string> args = {"run", "--scenario", "single/n3/float32",
+                                         "--variant", "baseline", "--variant", "skip"};
+  const CliResult r = run_cli(args);
+  EXPECT_EQ(r.exit_code, 0) << explain(args, r);
+  EXPECT_TRUE(contains(r.output, "single/n3/float32")) << explain(args, r);
+  EXPECT_TRUE(contains(r.output, "pass")) << explain(args, r);
+  EXPECT_FALSE(contains(r.output, "UNEXPECTED")) << explain(args, r);
+}
+
+// The skip path's all-masked behaviour differs from the baseline's: a documented finding,
+// so it is as expected unless findings are ignored (the CLI's exit-1 path).
+TEST(Cli, IgnoringDocumentedFindingsExitsOne) {
+  const std::vector<std::string> args = {"run", "--scenario", "single/all-masked-mean_ce/*",
+                                         "--variant", "skip", "--ignore-findings"};
+  const CliResult r = run_cli(args);
+  EXPECT_EQ(r.exit_code, 1) << explain(args, r);
+  EXPECT_TRUE(contains(r.output, "UNEXPECTED")) << explain(args, r);
+}
+
+TEST(Cli, DocumentedFindingsAreAsExpected) {
+  const std::vector<std::string> args = {"run", "--scenario", "single/all-masked-mean_ce/*",
+                                         "--variant", "skip"};
+  const CliResult r = run_cli(args);
+  EXPECT_EQ(r.exit_code, 0) << explain(args, r);
+  EXPECT_TRUE(contains(r.output, "known finding")) << explain(args, r);
+}
+
+TEST(Cli, NegativeControlsAreCaught) {
+  const std::vector<std::string> args = {"run", "--scenario", "single/n5/float32", "--variant",
+                                         "broken/*"};
+  const CliResult r = run_cli(args);
+  EXPECT_EQ(r.exit_code, 0) << explain(args, r);
+  EXPECT_TRUE(contains(r.output, "caught")) << explain(args, r);
+}
+
+TEST(Cli, JsonReportHasOneRecordPerVariantAndIsReproducible) {
+  TemporaryDirectory folder;
+  const std::string first = (folder.path() / "first.json").string();
+  const std::string second = (folder.path() / "second.json").string();
+  const std::vector<std::string> args = {"run", "--scenario", "single/n3/float32", "--json", first};
+  const CliResult r = run_cli(args);
+  ASSERT_EQ(r.exit_code, 0) << explain(args, r);
+  const std::string text = read_file(first);
+  nlohmann::json report;
+  ASSERT_NO_THROW(report = nlohmann::json::parse(text)) << text.substr(0, 2000);
+  ASSERT_TRUE(report.contains("records")) << text.substr(0, 2000);
+  const nlohmann::json& records = report.at("records");
+  ASSERT_EQ(records.size(), harness::variants().size());
+  for (std::size_t i = 0; i < records.size(); ++i) {
+    const nlohmann::json& record = records.at(i);
+    EXPECT_EQ(record.value("variant", ""), harness::variants().at(i).name);
+    EXPECT_EQ(record.value("scenario", ""), "single/n3/float32");
+    for (const char* key : {"scenario", "variant", "verdict", "rel_l2_error", "max_abs_error",
+                            "max_ulp", "bitwise_equal_baseline", "grad_norm", "logged_loss",
+                            "error"}) {
+      EXPECT_TRUE(record.contains(key)) << "record " << i << " lacks '" << key << "'";
+    }
+  }
+  EXPECT_FALSE(std::filesystem::exists(first + ".partial"));
+
+  const std::vector<std::string> again = {"run", "--scenario", "single/n3/float32", "--json", second};
+  const CliResult r2 = run_cli(again);
+  ASSERT_EQ(r2.exit_code, 0) << explain(again, r2);
+  EXPECT_TRUE(read_file(second) == text) << "two runs wrote different JSON: " << first << " vs "
+                                         << second;
+  EXPECT_EQ(r2.output, r.output);
+}
+
+TEST(Cli, JsonIntoAMissingFolderIsAnInputErrorNamingThePath) {
+  const std::string path = "/nonexistent-dir/x.json";
+  const std::vector<std::string> args = {"run", "--scenario", "single/n3/float32", "--variant",
+                                         "baseline", "--json", path};
+  const CliResult r = run_cli(args);
+  EXPECT_EQ(r.exit_code, 2) << explain(args, r);
+  EXPECT_TRUE(contains(r.output, path)) << explain(args, r);
+  EXPECT_FALSE(std::filesystem::exists(path));
+}
+
+TEST(Cli, ListVariants) {
+  const std::vector<std::string> args = {"list", "--variants"};
+  const CliResult r = run_cli(args);
+  EXPECT_EQ(r.exit_code, 0) << explain(args, r);
+  EXPECT_TRUE(contains(r.output, "baseline")) << explain(args, r);
+  EXPECT_TRUE(contains(r.output, "broken/scale-pass-dropped")) << explain(args, r);
+  EXPECT_FALSE(contains(r.output, "single/n3/float32")) << explain(args, r);
+}
+
+TEST(Cli, ShowDescribesTheScenarioAndItsOracle) {
+  const std::vector<std::string> args = {"show", "single/n5/float32"};
+  const CliResult r = run_cli(args);
+  EXPECT_EQ(r.exit_code, 0) << explain(args, r);
+  EXPECT_TRUE(contains(r.output, "N = 5")) << explain(args, r);
+  EXPECT_TRUE(contains(r.output, "oracle step 0")) << explain(args, r);
+}
+
+TEST(Cli, ShowUnknownScenarioIsAUsageError) {
+  const std::vector<std::string> args = {"show", "nope"};
+  const CliResult r = run_cli(args);
+  EXPECT_EQ(r.exit_code, 2) << explain(args, r);
+  EXPECT_TRUE(contains(r.output, "unknown scenario 'nope'")) << explain(args, r);
+}
+
+}  // namespace
+}  // namespace gradnorm
