@@ -10,6 +10,10 @@ namespace {
 constexpr const char* kFullRecipe = "torchtune recipes/full_finetune_single_device.py, train()";
 constexpr const char* kLoraRecipe = "torchtune recipes/lora_finetune_single_device.py, train()";
 constexpr const char* kQatRecipe = "torchtune recipes/qat_single_device.py, train()";
+constexpr const char* kFullDistributed =
+    "torchtune recipes/full_finetune_distributed.py, train() (world_size > 1)";
+constexpr const char* kLoraDistributed =
+    "torchtune recipes/lora_finetune_distributed.py, train() (world_size > 1)";
 
 std::vector<VariantSpec> build_variants() {
   std::vector<VariantSpec> out;
@@ -18,15 +22,29 @@ std::vector<VariantSpec> build_variants() {
   add({.name = "baseline", .role = Role::reference, .recipe = Recipe::full_finetune,
        .reference = "baseline",
        .models = fmt::format("{}: backward(loss * current_num_tokens); at the window's end "
-                             "scale_grads(1 / num_tokens), clip, step, zero_grad(set_to_none)",
-                             kFullRecipe)});
+                             "scale_grads(1 / num_tokens), clip, step, zero_grad(set_to_none). "
+                             "{}: the same after averaging gradients over ranks, with "
+                             "num_tokens and running_loss all-reduced and scale_grads(world_size "
+                             "/ num_tokens)",
+                             kFullRecipe, kFullDistributed)});
   add({.name = "skip", .role = Role::candidate, .recipe = Recipe::full_finetune,
        .reference = "baseline",
        .models = fmt::format("the pull request's {}: with grad_accum == 1 and no optimizer in "
                              "backward, backward(mean) and no scale_grads; clip and step outside "
                              "the gate; loss_to_log denominator 1",
                              kFullRecipe),
-       .skip_scale_when_no_accumulation = true});
+       .arithmetic = Arithmetic::skip});
+  add({.name = "world-size-only", .role = Role::candidate, .recipe = Recipe::full_finetune,
+       .reference = "baseline",
+       .models = "the review's suggestion taken literally: \"scale by world_size alone rather "
+                 "than skipping the call\": backward(mean), average over ranks, "
+                 "scale_grads(world_size)",
+       .arithmetic = Arithmetic::world_size_only});
+  add({.name = "global-prenorm", .role = Role::candidate, .recipe = Recipe::full_finetune,
+       .reference = "baseline",
+       .models = "all-reduce the whole window's token count before backward, then "
+                 "backward(mean * n * world_size / N); no pass over the gradients",
+       .arithmetic = Arithmetic::global_prenorm});
   add({.name = "optimizer-in-backward", .role = Role::reference, .recipe = Recipe::full_finetune,
        .reference = "optimizer-in-backward",
        .models = fmt::format("{} with optimizer_in_bwd=True: backward of the pre-normalised "
@@ -36,13 +54,13 @@ std::vector<VariantSpec> build_variants() {
        .force_optimizer_in_backward = true});
   add({.name = "lora-baseline", .role = Role::reference, .recipe = Recipe::lora_finetune,
        .reference = "lora-baseline",
-       .models = fmt::format("{}: the full recipe's arithmetic on frozen base weights and "
-                             "trainable adapters",
-                             kLoraRecipe)});
+       .models = fmt::format("{} and {}: the full recipe's arithmetic on frozen base weights "
+                             "and trainable adapters",
+                             kLoraRecipe, kLoraDistributed)});
   add({.name = "lora-skip", .role = Role::candidate, .recipe = Recipe::lora_finetune,
        .reference = "lora-baseline",
        .models = fmt::format("the pull request's {}", kLoraRecipe),
-       .skip_scale_when_no_accumulation = true});
+       .arithmetic = Arithmetic::skip});
   add({.name = "qat-baseline", .role = Role::reference, .recipe = Recipe::qat,
        .reference = "qat-baseline",
        .models = fmt::format("{}: the full recipe's arithmetic through fake-quantised linears",
@@ -52,7 +70,7 @@ std::vector<VariantSpec> build_variants() {
        .models = fmt::format("the pull request's {} after its fix: step and zero_grad outside "
                              "the skip gate",
                              kQatRecipe),
-       .skip_scale_when_no_accumulation = true});
+       .arithmetic = Arithmetic::skip});
 
   // Negative controls: the pull request's own three regressions, and two more.
   add({.name = "broken/step-inside-skip-gate", .role = Role::negative_control,
@@ -60,21 +78,21 @@ std::vector<VariantSpec> build_variants() {
        .models = fmt::format("the pull request's first {}: optimizer.step() and zero_grad() "
                              "inside the skip gate, so with grad_accum == 1 nothing steps",
                              kQatRecipe),
-       .skip_scale_when_no_accumulation = true,
+       .arithmetic = Arithmetic::skip,
        .regression = Regression::step_inside_skip_gate});
   add({.name = "broken/clip-inside-skip-gate", .role = Role::negative_control,
        .recipe = Recipe::full_finetune, .reference = "baseline",
        .models = fmt::format("the pull request's first {}: clip_grad_norm_ inside the skip "
                              "gate, so with grad_accum == 1 clipping is silently off",
                              kFullRecipe),
-       .skip_scale_when_no_accumulation = true,
+       .arithmetic = Arithmetic::skip,
        .regression = Regression::clip_inside_skip_gate});
   add({.name = "broken/logged-loss-divided-by-n", .role = Role::negative_control,
        .recipe = Recipe::lora_finetune, .reference = "lora-baseline",
        .models = fmt::format("the pull request's first {}: loss_to_log = running_loss / "
                              "num_tokens although running_loss already holds a mean",
                              kLoraRecipe),
-       .skip_scale_when_no_accumulation = true,
+       .arithmetic = Arithmetic::skip,
        .regression = Regression::logged_loss_divided_by_n});
   add({.name = "broken/scale-pass-dropped", .role = Role::negative_control,
        .recipe = Recipe::full_finetune, .reference = "baseline",
@@ -114,6 +132,29 @@ std::vector<VariantSpec> select_variants(std::string_view pattern) {
   }
   if (out.empty()) (void)find_variant(pattern);  // throws with the list of names
   return out;
+}
+
+bool skip_gate_open(const VariantSpec& v, const scenarios::Scenario& s) {
+  return v.arithmetic != Arithmetic::baseline && v.arithmetic != Arithmetic::global_prenorm &&
+         s.accumulation_steps == 1 && !s.optimizer_in_backward && !v.force_optimizer_in_backward;
+}
+
+std::optional<std::string> not_applicable(const VariantSpec& v, const scenarios::Scenario& s) {
+  const bool in_backward = v.force_optimizer_in_backward || s.optimizer_in_backward;
+  if (in_backward && s.world_size > 1) {
+    return std::string("optimizer in backward is modelled on one device only");
+  }
+  return std::nullopt;
+}
+
+std::string_view to_string(Arithmetic arithmetic) {
+  switch (arithmetic) {
+    case Arithmetic::baseline: return "baseline";
+    case Arithmetic::skip: return "skip";
+    case Arithmetic::world_size_only: return "world-size-only";
+    case Arithmetic::global_prenorm: return "global-prenorm";
+  }
+  return "<unknown>";
 }
 
 ModelConfig model_config_for(const VariantSpec& variant, const scenarios::Scenario& scenario) {

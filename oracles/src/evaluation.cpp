@@ -18,8 +18,7 @@ using harness::Regression;
 // the oracle alone (never from the control's own output).
 std::pair<bool, std::string> bug_visible(const harness::VariantSpec& v, const scenarios::Scenario& s,
                                          const OracleResult& oracle) {
-  const bool skip_active = v.skip_scale_when_no_accumulation && s.accumulation_steps == 1 &&
-                           !s.optimizer_in_backward && !v.force_optimizer_in_backward;
+  const bool skip_active = harness::skip_gate_open(v, s);
   const long n = oracle.global_token_count;
   const bool clip_bites = s.clip_max_norm && !oracle.steps.empty() &&
                           oracle.steps.front().clip_coef < 0.5;
@@ -34,11 +33,15 @@ std::pair<bool, std::string> bug_visible(const harness::VariantSpec& v, const sc
       }
       return {false, "skip gate closed or clipping does not bite"};
     case Regression::logged_loss_divided_by_n:
-      if (n > 1 && skip_active) return {true, "skip gate open and N > 1: mean / N != mean"};
-      return {false, "skip gate closed or N <= 1: dividing by N changes nothing"};
+      if (n > 0 && n != s.world_size && skip_active) {
+        return {true, "skip gate open and N != W: dividing by N instead of W changes the loss"};
+      }
+      return {false, "skip gate closed or N == W: dividing by N changes nothing"};
     case Regression::scale_pass_dropped:
-      if (n > 1 && !s.optimizer_in_backward) return {true, "N > 1: token sums differ from means"};
-      return {false, "N <= 1 or optimizer in backward: no scale pass to drop"};
+      if (n > 0 && n != s.world_size && !s.optimizer_in_backward) {
+        return {true, "N != W: the missing scale W/N is not 1"};
+      }
+      return {false, "N == W or optimizer in backward: the dropped scale is 1 or absent"};
     case Regression::non_finite_gradients_zeroed:
       if (n == 0 && s.loss != scenarios::LossKind::linear_ce) {
         return {true, "N == 0 and the loss yields NaN gradients that the control hides"};
@@ -80,15 +83,21 @@ Evaluation evaluate(const std::vector<scenarios::Scenario>& scenario_list,
   Evaluation out;
   for (const scenarios::Scenario& s : scenario_list) {
     std::map<OracleKey, OracleResult> oracles;
-    std::map<std::string, harness::Observation> observed;
-    auto observe = [&](const harness::VariantSpec& v) -> const harness::Observation& {
+    std::map<std::string, harness::RankedRun> observed;
+    harness::RunOptions run_options;
+    run_options.timeout = options.timeout;
+    auto observe = [&](const harness::VariantSpec& v) -> const harness::RankedRun& {
       auto found = observed.find(v.name);
       if (found == observed.end()) {
-        found = observed.emplace(v.name, harness::run_single_device(v, s)).first;
+        found = observed.emplace(v.name, harness::run_in_threads(v, s, run_options)).first;
       }
       return found->second;
     };
     for (const harness::VariantSpec& v : variant_list) {
+      if (auto why = harness::not_applicable(v, s)) {
+        out.skipped.push_back({s.name, v.name, *why});
+        continue;
+      }
       const harness::ModelConfig config = harness::model_config_for(v, s);
       const OracleKey key{s.name, config.base, config.lora, config.fake_quantize};
       auto oracle = oracles.find(key);
@@ -97,20 +106,23 @@ Evaluation evaluate(const std::vector<scenarios::Scenario>& scenario_list,
       EvaluationRow row;
       row.scenario = s;
       row.variant = v;
-      row.observation = observe(v);
-      const harness::Observation& reference = observe(harness::find_variant(v.reference));
-      row.verdict = judge(s, row.observation, oracle->second, reference);
+      row.world_size = s.world_size;
+      const harness::RankedRun& run = observe(v);
+      const harness::RankedRun& reference = observe(harness::find_variant(v.reference));
+      row.fault = run.fault;
+      if (!run.ranks.empty()) row.observation = run.ranks.front();
+      row.verdict = judge_ranks(s, run, oracle->second, reference);
       row.global_token_count = oracle->second.global_token_count;
       const bool has_step = !oracle->second.steps.empty();
       row.oracle_loss = has_step ? oracle->second.steps.front().loss
                                  : std::numeric_limits<double>::quiet_NaN();
       row.oracle_grad_norm = has_step ? oracle->second.steps.front().total_norm
                                       : std::numeric_limits<double>::quiet_NaN();
-      if (v.name != v.reference) {
-        row.against_reference =
-            compare_observations(row.observation, reference, harness::scalar_type(s.dtype));
+      if (v.name != v.reference && !run.fault && !reference.fault && !reference.ranks.empty()) {
+        row.against_reference = compare_observations(row.observation, reference.ranks.front(),
+                                                     harness::scalar_type(s.dtype));
       } else {
-        row.against_reference.bitwise_equal = true;
+        row.against_reference.bitwise_equal = v.name == v.reference;
       }
       const bool agreed = row.verdict.kind == VerdictKind::pass ||
                           row.verdict.kind == VerdictKind::expected_error;
@@ -128,6 +140,8 @@ Evaluation evaluate(const std::vector<scenarios::Scenario>& scenario_list,
         row.expectation = Expectation::agree;
         row.met = agreed;
       }
+      // A fault is never an answer: not a caught control, not a reproduced finding.
+      if (row.fault) row.met = false;
       out.rows.push_back(std::move(row));
     }
   }

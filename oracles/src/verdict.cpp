@@ -6,6 +6,7 @@
 #include <fmt/ranges.h>
 
 #include <cmath>
+#include <limits>
 
 #include "gradnorm/harness/batch.hpp"
 #include "gradnorm/oracles/tolerance.hpp"
@@ -18,6 +19,14 @@ bool finite_tensors(const std::vector<harness::NamedTensor>& tensors) {
     if (t.value.defined() && !at::isfinite(t.value).all().item<bool>()) return false;
   }
   return true;
+}
+
+// The larger error, NaN counting as the largest.
+double worst_of(const std::optional<double>& so_far, double error) {
+  if (std::isnan(error) || (so_far && std::isnan(*so_far))) {
+    return std::numeric_limits<double>::quiet_NaN();
+  }
+  return std::max(so_far.value_or(0), error);
 }
 
 double relative_error(double actual, double expected) {
@@ -86,7 +95,7 @@ void judge_numbers(const scenarios::Scenario& s, const harness::Observation& obs
       fail(fmt::format("step {}: no loss was logged", step));
     } else {
       const double error = relative_error(*got.logged_loss, want.loss);
-      v.logged_loss_rel_error = std::max(v.logged_loss_rel_error.value_or(0), error);
+      v.logged_loss_rel_error = worst_of(v.logged_loss_rel_error, error);
       if (!(error <= tolerance.scalar_rel)) {
         fail(fmt::format("step {}: logged loss {:.9g}, oracle {:.9g}, rel error {:.3g} > {:.0e}",
                          step, *got.logged_loss, want.loss, error, tolerance.scalar_rel));
@@ -99,7 +108,7 @@ void judge_numbers(const scenarios::Scenario& s, const harness::Observation& obs
                          *s.clip_max_norm));
       } else {
         const double error = relative_error(*got.grad_norm, want.total_norm);
-        v.grad_norm_rel_error = std::max(v.grad_norm_rel_error.value_or(0), error);
+        v.grad_norm_rel_error = worst_of(v.grad_norm_rel_error, error);
         if (!(error <= tolerance.scalar_rel)) {
           fail(fmt::format("step {}: grad norm {:.9g}, oracle {:.9g}, rel error {:.3g} > {:.0e}",
                            step, *got.grad_norm, want.total_norm, error, tolerance.scalar_rel));
@@ -157,6 +166,81 @@ Verdict judge(const scenarios::Scenario& s, const harness::Observation& observed
     return v;
   }
   judge_numbers(s, observed, oracle, v);
+  return v;
+}
+
+namespace {
+
+int severity(VerdictKind kind) {
+  switch (kind) {
+    case VerdictKind::pass: return 0;
+    case VerdictKind::expected_error: return 1;
+    case VerdictKind::fail: return 2;
+    case VerdictKind::error_mismatch: return 3;
+  }
+  return 3;
+}
+
+void merge_optional_max(std::optional<double>& into, const std::optional<double>& value) {
+  if (value) into = worst_of(into, *value);
+}
+
+}  // namespace
+
+Verdict judge_ranks(const scenarios::Scenario& s, const harness::RankedRun& observed,
+                    const OracleResult& oracle, const harness::RankedRun& reference) {
+  Verdict v;
+  if (observed.fault) {
+    v.kind = VerdictKind::error_mismatch;
+    v.outcome = "run aborted";
+    v.reasons.push_back("run aborted: " + *observed.fault);
+    return v;
+  }
+  const std::size_t world = observed.ranks.size();
+  std::vector<Verdict> per_rank;
+  for (std::size_t r = 0; r < world; ++r) {
+    const harness::Observation& ref = reference.ranks.size() == world && !reference.fault
+                                          ? reference.ranks[r]
+                                          : observed.ranks[r];
+    per_rank.push_back(judge(s, observed.ranks[r], oracle, ref));
+  }
+  bool same_reasons = true, same_outcome = true;
+  for (const Verdict& r : per_rank) {
+    same_reasons = same_reasons && r.reasons == per_rank.front().reasons;
+    same_outcome = same_outcome && r.outcome == per_rank.front().outcome;
+  }
+  for (std::size_t r = 0; r < world; ++r) {
+    const Verdict& one = per_rank[r];
+    if (severity(one.kind) > severity(v.kind)) v.kind = one.kind;
+    v.gradients.merge(one.gradients);
+    v.updates.merge(one.updates);
+    merge_optional_max(v.logged_loss_rel_error, one.logged_loss_rel_error);
+    merge_optional_max(v.grad_norm_rel_error, one.grad_norm_rel_error);
+    if (!same_reasons || r == 0) {
+      for (const std::string& reason : one.reasons) {
+        v.reasons.push_back(world == 1 ? reason
+                            : same_reasons ? "every rank: " + reason
+                                           : fmt::format("rank {}: {}", r, reason));
+      }
+    }
+  }
+  v.outcome = per_rank.empty() ? "no rank" : per_rank.front().outcome;
+  if (!same_outcome) {
+    std::vector<std::string> parts;
+    for (std::size_t r = 0; r < world; ++r) parts.push_back(fmt::format("rank {}: {}", r, per_rank[r].outcome));
+    v.outcome = fmt::format("{}", fmt::join(parts, "; "));
+  }
+  // Ranks hold replicas: after the reduction every number must be the same on every rank.
+  for (std::size_t r = 1; r < world; ++r) {
+    const PairComparison pair = compare_observations(observed.ranks[r], observed.ranks[0],
+                                                     harness::scalar_type(s.dtype));
+    if (pair.comparable && !pair.bitwise_equal) {
+      if (severity(v.kind) < severity(VerdictKind::fail)) v.kind = VerdictKind::fail;
+      v.reasons.push_back(fmt::format("ranks disagree: rank {} differs from rank 0 ({}, max {} ULP)",
+                                      r, pair.first_difference, pair.max_ulp));
+      break;
+    }
+  }
   return v;
 }
 

@@ -36,6 +36,88 @@ void add_each_dtype(std::vector<Scenario>& out, const Scenario& base) {
   }
 }
 
+Scenario distributed(std::string name, std::vector<std::vector<int>> counts) {
+  Scenario s;
+  s.name = std::move(name);
+  s.world_size = static_cast<int>(counts.size());
+  s.accumulation_steps = static_cast<int>(counts.front().size());
+  s.valid_tokens = std::move(counts);
+  s.learning_rate = kLearningRate;
+  return s;
+}
+
+void document(Scenario& s, std::initializer_list<const char*> patterns, const std::string& verdict,
+              const std::string& reason) {
+  for (const char* pattern : patterns) s.expected_verdicts.push_back({pattern, verdict, reason});
+}
+
+constexpr const char* kRaggedSkip =
+    "ranks hold different token counts: the skip path weighs a token on rank r by "
+    "1/(W n_r) instead of 1/N";
+constexpr const char* kWorldSizeOnly =
+    "scaling the skip path's gradients by W weighs a token by 1/n_r instead of 1/N: wrong by "
+    "N/n_r even when ranks are balanced";
+
+// The seed's verdicts on ragged ranks, measured: skip and world-size-only fail.
+Scenario ragged(Scenario s) {
+  document(s, {"*skip"}, "fail", kRaggedSkip);
+  document(s, {"world-size-only"}, "fail", kWorldSizeOnly);
+  return s;
+}
+
+// Multi-rank steps: every rank holds a replica, gradients are averaged over ranks.
+void add_distributed(std::vector<Scenario>& out) {
+  // The seed's three cases: mildly ragged, extremely ragged, balanced.
+  add_each_dtype(out, ragged(distributed("dist/5-3", {{5}, {3}})));
+  {
+    Scenario extreme = ragged(distributed("dist/1-64", {{1}, {64}}));
+    extreme.micro_batch_size = 4;
+    extreme.sequence_length = 17;  // 4 x 16 positions hold 64 valid labels
+    add_each_dtype(out, extreme);
+  }
+  {
+    Scenario balanced = distributed("dist/4-4", {{4}, {4}});
+    document(balanced, {"world-size-only"}, "fail", kWorldSizeOnly);
+    add_each_dtype(out, balanced);
+  }
+  // A fully masked rank beside a full one, and three empty ranks beside one: the empty
+  // rank's mean is 0/0, and NaN * 0 reaches every rank's logged loss through the all-reduce.
+  for (auto [name, counts] : {std::pair<const char*, std::vector<std::vector<int>>>{
+                                  "dist/0-8", {{0}, {8}}},
+                              {"dist/8-0-0-0", {{8}, {0}, {0}, {0}}}}) {
+    Scenario empty_rank = distributed(name, counts);
+    document(empty_rank, {"*baseline", "global-prenorm"}, "fail",
+             "an empty rank's mean is 0/0 = NaN and NaN * 0 reaches every rank's logged loss "
+             "through the all-reduce; the gradients are right");
+    document(empty_rank, {"*skip", "world-size-only"}, "fail",
+             "the empty rank's NaN reaches the logged loss, and the gradients are wrong too");
+    add_each_dtype(out, empty_rank);
+  }
+  // Accumulation 2 on ragged ranks: the skip gate is closed.
+  add_each_dtype(out, distributed("dist/accum2-ragged", {{5, 3}, {2, 6}}));
+  // The average's placement and clipping, on the mild case.
+  {
+    Scenario before = ragged(distributed("dist/5-3-divide-before-sum", {{5}, {3}}));
+    before.rank_average = RankAverage::divide_before_sum;
+    add_each_dtype(out, before);
+    Scenario clipped = ragged(distributed("dist/5-3-clip-active", {{5}, {3}}));
+    clipped.clip_max_norm = 0.01;
+    add_each_dtype(out, clipped);
+  }
+  // Eight ragged ranks, and sixty-four (threads make these cheap).
+  add_each_dtype(out, ragged(distributed("dist/8-ranks-ragged",
+                                         {{3}, {9}, {1}, {6}, {12}, {2}, {7}, {4}})));
+  {
+    std::vector<std::vector<int>> counts;
+    for (int rank = 0; rank < 64; ++rank) counts.push_back({1 + (rank * 5) % 13});
+    Scenario many = ragged(distributed("dist/64-ranks-ragged", counts));
+    many.dtype = DType::float32;
+    many.seed = 1000 + out.size();
+    many.name += "/float32";
+    out.push_back(many);
+  }
+}
+
 std::vector<Scenario> build_catalogue() {
   std::vector<Scenario> out;
   // The seed's check 1: single-device gradients for n in {1, 3, 5, 8}.
@@ -48,10 +130,13 @@ std::vector<Scenario> build_catalogue() {
     if (loss != LossKind::linear_ce) {
       // Measured, not assumed: the seed claimed both paths raise the same error. That holds
       // only for a loss that returns a graph-less zero (linear_ce).
-      s.expected_verdicts.push_back(
-          {"*skip", "error-mismatch",
-           "the loss's backward writes zero gradients for ignored tokens; the baseline then "
-           "scales them by 1/0 and steps on NaN, the skip path steps on finite zeros"});
+      for (const char* pattern : {"*skip", "world-size-only", "global-prenorm"}) {
+        s.expected_verdicts.push_back(
+            {pattern, "error-mismatch",
+             "the loss's backward writes zero gradients for ignored tokens; the baseline then "
+             "scales them by 1/0 and steps on NaN, this variant has no such pass and steps on "
+             "finite zeros"});
+      }
     }
     add_each_dtype(out, s);
   }
@@ -68,7 +153,7 @@ std::vector<Scenario> build_catalogue() {
                  "the window has tokens"
                : "the empty micro-batch's mean is 0/0 = NaN and NaN * 0 = NaN enters "
                  "running_loss: the logged loss is NaN while the gradients are right";
-    for (const char* pattern : {"*baseline", "*skip"}) {
+    for (const char* pattern : {"*baseline", "*skip", "world-size-only", "global-prenorm"}) {
       s.expected_verdicts.push_back({pattern, verdict, reason});
     }
     add_each_dtype(out, s);
@@ -135,6 +220,7 @@ std::vector<Scenario> build_catalogue() {
     with_accum.optimizer_in_backward = true;
     add_each_dtype(out, with_accum);
   }
+  add_distributed(out);
   for (const Scenario& s : out) validate(s);
   return out;
 }

@@ -30,6 +30,10 @@ constexpr NameTable<MaskPattern, 3> kMaskNames{{{MaskPattern::trailing_padding, 
                                                 {MaskPattern::prompt_prefix, "prompt_prefix"},
                                                 {MaskPattern::random_holes, "random_holes"}}};
 
+constexpr NameTable<RankAverage, 2> kRankAverageNames{
+    {{RankAverage::divide_after_sum, "divide_after_sum"},
+     {RankAverage::divide_before_sum, "divide_before_sum"}}};
+
 template <typename Enum, std::size_t Size>
 std::string_view name_of(const NameTable<Enum, Size>& table, Enum value) {
   for (const auto& [candidate, name] : table) {
@@ -142,11 +146,12 @@ std::string describe(const Scenario& s) {
   std::string clip = s.clip_max_norm ? fmt::format("{}", *s.clip_max_norm) : "none";
   return fmt::format(
       "{} W={} A={} counts={} B={} T={} mask={} V={} H={} dtype={} model={} loss={} opt={} "
-      "lr={} clip={} in_bwd={} steps={} seed={}",
+      "lr={} clip={} in_bwd={} steps={} seed={}{}",
       s.name, s.world_size, s.accumulation_steps, counts, s.micro_batch_size, s.sequence_length,
       to_string(s.mask), s.vocab_size, s.hidden_size, to_string(s.dtype), to_string(s.model),
       to_string(s.loss), to_string(s.optimizer), s.learning_rate, clip, s.optimizer_in_backward,
-      s.steps, s.seed);
+      s.steps, s.seed,
+      s.world_size > 1 ? fmt::format(" average={}", to_string(s.rank_average)) : std::string());
 }
 
 std::ostream& operator<<(std::ostream& out, const Scenario& scenario) {
@@ -158,6 +163,7 @@ std::string_view to_string(ModelKind value) { return name_of(kModelNames, value)
 std::string_view to_string(LossKind value) { return name_of(kLossNames, value); }
 std::string_view to_string(OptimizerKind value) { return name_of(kOptimizerNames, value); }
 std::string_view to_string(MaskPattern value) { return name_of(kMaskNames, value); }
+std::string_view to_string(RankAverage value) { return name_of(kRankAverageNames, value); }
 
 DType parse_dtype(std::string_view text) { return parse_name(kDTypeNames, text, "dtype"); }
 ModelKind parse_model_kind(std::string_view text) {
@@ -169,6 +175,9 @@ OptimizerKind parse_optimizer_kind(std::string_view text) {
 }
 MaskPattern parse_mask_pattern(std::string_view text) {
   return parse_name(kMaskNames, text, "mask");
+}
+RankAverage parse_rank_average(std::string_view text) {
+  return parse_name(kRankAverageNames, text, "rank_average");
 }
 
 }  // namespace gradnorm::scenarios

@@ -27,7 +27,8 @@ struct StepRecord {
 
 struct ErrorRecord {
   // "refusal" for a configuration the recipe rejects on purpose; "c10::Error" for an
-  // exception raised by LibTorch (e.g. backward on a tensor with no graph).
+  // exception raised by LibTorch (e.g. backward on a tensor with no graph); "peer-failure"
+  // on a rank that stopped because another rank's step raised.
   std::string type;
   std::string message;  // first line of the exception text
 };
@@ -35,6 +36,7 @@ struct ErrorRecord {
 struct Counters {
   int backward_calls = 0;
   int scale_passes = 0;     // full passes of scale_grads over every gradient
+  int reduce_passes = 0;    // all-reduces of every gradient across ranks
   int clip_calls = 0;       // clip_grad_norm_ calls (each reads and rescales every gradient)
   int optimizer_steps = 0;  // optimizer.step() calls (per-parameter steps count once per step)
   friend bool operator==(const Counters&, const Counters&) = default;
@@ -43,6 +45,7 @@ struct Counters {
 struct Observation {
   std::string scenario;
   std::string variant;
+  int rank = 0;
   std::vector<NamedTensor> initial_parameters;  // trainable parameters before the first step
   std::vector<StepRecord> steps;                // complete steps only
   std::optional<ErrorRecord> error;

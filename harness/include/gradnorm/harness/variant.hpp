@@ -2,6 +2,7 @@
 // Recipe step implementations ("variants"): named arithmetic for one training step, each a
 // transcription of a torchtune recipe or of a proposed change to it.
 
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -29,13 +30,24 @@ enum class Regression {
   non_finite_gradients_zeroed,  // NaN/Inf gradients replaced by zeros before the step
 };
 
+// Where the recipe puts 1/N. Per-token weight of a valid token on rank r after the rank
+// average, with W ranks, n_r tokens on rank r and N in the step (DESIGN.md §1):
+enum class Arithmetic {
+  baseline,         // backward(mean * n), average, scale_grads(W / N): weight 1/N
+  skip,             // the pull request: backward(mean), average, no scale: 1/(W n_r)
+  world_size_only,  // the reviewer's words taken literally: skip, then scale_grads(W): 1/n_r
+  global_prenorm,   // all-reduce the window's N first, backward(mean * n * W / N): 1/N
+};
+
 struct VariantSpec {
   std::string name;
   Role role = Role::reference;
   Recipe recipe = Recipe::full_finetune;
   std::string reference;  // the variant whose error behaviour this one must match
   std::string models;     // which recipe (and which change) it transcribes
-  bool skip_scale_when_no_accumulation = false;  // the pull request's optimisation
+  // The skip and world-size-only arithmetics apply only where the pull request's gate is
+  // open (accumulation 1, no optimizer in backward); elsewhere they behave as baseline.
+  Arithmetic arithmetic = Arithmetic::baseline;
   bool force_optimizer_in_backward = false;
   Regression regression = Regression::none;
 };
@@ -58,6 +70,16 @@ class RecipeRefusal : public std::runtime_error {
 [[nodiscard]] ModelConfig model_config_for(const VariantSpec& variant,
                                            const scenarios::Scenario& scenario);
 
+// Why the harness cannot run this variant on this scenario, if it cannot (the pair is then
+// left out of an evaluation and counted).
+[[nodiscard]] std::optional<std::string> not_applicable(const VariantSpec& variant,
+                                                        const scenarios::Scenario& scenario);
+
+// True where the pull request's gate is open for this variant: its arithmetic is not
+// baseline, accumulation is 1 and the optimizer does not run in backward.
+[[nodiscard]] bool skip_gate_open(const VariantSpec& variant, const scenarios::Scenario& scenario);
+
+[[nodiscard]] std::string_view to_string(Arithmetic arithmetic);
 [[nodiscard]] std::string_view to_string(Role role);
 [[nodiscard]] std::string_view to_string(Recipe recipe);
 [[nodiscard]] std::string_view to_string(Regression regression);

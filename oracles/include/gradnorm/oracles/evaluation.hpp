@@ -3,6 +3,8 @@
 // of it: a reference or candidate must pass (or signal an expected error); a negative
 // control must be flagged wherever its bug is visible.
 
+#include <chrono>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -21,7 +23,9 @@ enum class Expectation {
 struct EvaluationRow {
   scenarios::Scenario scenario;
   harness::VariantSpec variant;
-  harness::Observation observation;
+  harness::Observation observation;  // rank 0's; every rank is judged
+  int world_size = 1;
+  std::optional<std::string> fault;  // the run aborted: which rank and why
   Verdict verdict;
   Expectation expectation = Expectation::agree;
   bool met = true;            // the verdict is what the expectation asks for
@@ -33,13 +37,22 @@ struct EvaluationRow {
   double oracle_grad_norm = 0;   // first step, before clipping
 };
 
+struct SkippedPair {
+  std::string scenario;
+  std::string variant;
+  std::string why;
+};
+
 struct Evaluation {
   std::vector<EvaluationRow> rows;
+  std::vector<SkippedPair> skipped;  // pairs the harness cannot run (not_applicable)
   [[nodiscard]] bool all_met() const;
   [[nodiscard]] int count_unmet() const;
 };
 
 struct EvaluateOptions {
+  // How long a rank may wait in one collective before the run is aborted.
+  std::chrono::milliseconds timeout{std::chrono::seconds(60)};
   // When false, documented findings are ignored: every reference and candidate must agree.
   bool use_documented_findings = true;
 };

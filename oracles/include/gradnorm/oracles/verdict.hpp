@@ -7,6 +7,7 @@
 #include <vector>
 
 #include "gradnorm/harness/observation.hpp"
+#include "gradnorm/harness/runner.hpp"
 #include "gradnorm/oracles/comparator.hpp"
 #include "gradnorm/oracles/oracle.hpp"
 
@@ -36,6 +37,14 @@ struct Verdict {
 [[nodiscard]] Verdict judge(const scenarios::Scenario& scenario,
                             const harness::Observation& observed, const OracleResult& oracle,
                             const harness::Observation& reference);
+
+// Every rank judged against the oracle (and against the same rank of the reference run);
+// the step passes only if every rank passes and all ranks hold bit-identical gradients,
+// norms, losses and parameters. Disagreement between ranks is itself a failure. A run that
+// faulted (a rank threw outside the recipe, exited or hung) is an error-mismatch naming it.
+[[nodiscard]] Verdict judge_ranks(const scenarios::Scenario& scenario,
+                                  const harness::RankedRun& observed, const OracleResult& oracle,
+                                  const harness::RankedRun& reference);
 
 // "finite", "raises <type>", or "non-finite <what>": the behaviour an error check compares.
 [[nodiscard]] std::string outcome_of(const harness::Observation& observation);

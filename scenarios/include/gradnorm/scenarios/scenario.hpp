@@ -27,6 +27,9 @@ enum class ModelKind { causal_lm, linear_head, lora };
 //   linear_ce : returns a graph-less zero when nothing is valid, so backward raises.
 enum class LossKind { mean_ce, chunked_ce, linear_ce };
 enum class OptimizerKind { sgd, sgd_momentum, adamw };
+// How gradients are averaged over ranks (LibTorch 1.13's Gloo has no AVG): SUM then divide
+// by W, or divide by W then SUM. Equal in exact arithmetic; they round differently.
+enum class RankAverage { divide_after_sum, divide_before_sum };
 // Where the ignored (-100) positions sit inside a sequence.
 enum class MaskPattern { trailing_padding, prompt_prefix, random_holes };
 
@@ -60,6 +63,7 @@ struct Scenario {
   double momentum = 0.9;       // used by sgd_momentum
   double weight_decay = 0.0;   // used by every optimizer
   std::optional<double> clip_max_norm;
+  RankAverage rank_average = RankAverage::divide_after_sum;
   bool optimizer_in_backward = false;
   int steps = 1;
   std::uint64_t seed = 0;
@@ -88,6 +92,7 @@ std::ostream& operator<<(std::ostream& out, const Scenario& scenario);
 [[nodiscard]] std::string_view to_string(LossKind value);
 [[nodiscard]] std::string_view to_string(OptimizerKind value);
 [[nodiscard]] std::string_view to_string(MaskPattern value);
+[[nodiscard]] std::string_view to_string(RankAverage value);
 
 // Parse the names printed by to_string; throw InvalidInput listing the accepted names.
 [[nodiscard]] DType parse_dtype(std::string_view text);
@@ -95,5 +100,6 @@ std::ostream& operator<<(std::ostream& out, const Scenario& scenario);
 [[nodiscard]] LossKind parse_loss_kind(std::string_view text);
 [[nodiscard]] OptimizerKind parse_optimizer_kind(std::string_view text);
 [[nodiscard]] MaskPattern parse_mask_pattern(std::string_view text);
+[[nodiscard]] RankAverage parse_rank_average(std::string_view text);
 
 }  // namespace gradnorm::scenarios

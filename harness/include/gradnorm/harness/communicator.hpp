@@ -1,0 +1,93 @@
+#pragma once
+// How ranks talk. A variant is written from one rank's point of view and reaches other
+// ranks only through a Communicator, so the same recipe code runs on one device, on threads
+// and on c10d process groups.
+
+#include <ATen/core/Tensor.h>
+
+#include <chrono>
+#include <condition_variable>
+#include <memory>
+#include <mutex>
+#include <optional>
+#include <stdexcept>
+#include <string>
+#include <vector>
+
+namespace gradnorm::harness {
+
+// A collective could not complete: a peer failed, exited or did not arrive in time. The
+// message names the rank and the cause.
+class CommunicationError : public std::runtime_error {
+ public:
+  using std::runtime_error::runtime_error;
+};
+
+class Communicator {
+ public:
+  virtual ~Communicator() = default;
+  [[nodiscard]] virtual int rank() const = 0;
+  [[nodiscard]] virtual int world_size() const = 0;
+  // Element-wise sum across ranks, in place; every rank receives the same values.
+  virtual void all_reduce_sum(std::vector<at::Tensor>& tensors) = 0;
+  virtual void barrier() = 0;
+  // Every rank learns whether any rank reported `failed` (an all-reduce of a flag), so a
+  // rank whose step raised does not leave its peers waiting in the next collective.
+  [[nodiscard]] bool any(bool failed);
+  // What a report says about the transport: "solo", "threads", "gloo".
+  [[nodiscard]] virtual std::string kind() const = 0;
+};
+
+// World size 1: every collective is the identity.
+class SoloCommunicator final : public Communicator {
+ public:
+  int rank() const override { return 0; }
+  int world_size() const override { return 1; }
+  void all_reduce_sum(std::vector<at::Tensor>&) override {}
+  void barrier() override {}
+  std::string kind() const override { return "solo"; }
+};
+
+// Ranks as threads of one process. Reductions add the ranks' tensors in rank order
+// (0 + 1 + ... + W-1) in their own dtype, so results are deterministic. A rank that does not
+// arrive within `timeout` aborts the room; every waiting rank then throws
+// CommunicationError naming the ranks that are missing.
+class ThreadRoom {
+ public:
+  ThreadRoom(int world_size, std::chrono::milliseconds timeout);
+  void all_reduce_sum(int rank, std::vector<at::Tensor>& tensors);
+  // Wakes every waiting rank with CommunicationError(why); later collectives throw at once.
+  void abort(const std::string& why);
+  [[nodiscard]] std::optional<std::string> aborted() const;
+  [[nodiscard]] int world_size() const { return world_size_; }
+
+ private:
+  const int world_size_;
+  const std::chrono::milliseconds timeout_;
+  mutable std::mutex mutex_;
+  std::condition_variable arrived_cv_;
+  std::vector<std::vector<at::Tensor>*> deposits_;
+  std::vector<bool> present_;
+  int arrived_ = 0;
+  long generation_ = 0;
+  std::optional<std::string> aborted_;
+};
+
+class ThreadCommunicator final : public Communicator {
+ public:
+  ThreadCommunicator(std::shared_ptr<ThreadRoom> room, int rank) : room_(std::move(room)), rank_(rank) {}
+  int rank() const override { return rank_; }
+  int world_size() const override { return room_->world_size(); }
+  void all_reduce_sum(std::vector<at::Tensor>& tensors) override { room_->all_reduce_sum(rank_, tensors); }
+  void barrier() override {
+    std::vector<at::Tensor> none;
+    room_->all_reduce_sum(rank_, none);
+  }
+  std::string kind() const override { return "threads"; }
+
+ private:
+  std::shared_ptr<ThreadRoom> room_;
+  int rank_;
+};
+
+}  // namespace gradnorm::harness

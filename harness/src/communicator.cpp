@@ -1,0 +1,76 @@
+#include "gradnorm/harness/communicator.hpp"
+
+#include <ATen/ATen.h>
+
+#include <fmt/format.h>
+#include <fmt/ranges.h>
+
+namespace gradnorm::harness {
+
+bool Communicator::any(bool failed) {
+  std::vector<at::Tensor> flag{at::full({}, failed ? 1 : 0, at::kLong)};
+  all_reduce_sum(flag);
+  return flag[0].item<long>() > 0;
+}
+
+ThreadRoom::ThreadRoom(int world_size, std::chrono::milliseconds timeout)
+    : world_size_(world_size),
+      timeout_(timeout),
+      deposits_(static_cast<std::size_t>(world_size), nullptr),
+      present_(static_cast<std::size_t>(world_size), false) {}
+
+void ThreadRoom::abort(const std::string& why) {
+  {
+    std::lock_guard lock(mutex_);
+    if (!aborted_) aborted_ = why;
+  }
+  arrived_cv_.notify_all();
+}
+
+std::optional<std::string> ThreadRoom::aborted() const {
+  std::lock_guard lock(mutex_);
+  return aborted_;
+}
+
+void ThreadRoom::all_reduce_sum(int rank, std::vector<at::Tensor>& tensors) {
+  std::unique_lock lock(mutex_);
+  if (aborted_) throw CommunicationError(*aborted_);
+  const long generation = generation_;
+  deposits_[static_cast<std::size_t>(rank)] = &tensors;
+  present_[static_cast<std::size_t>(rank)] = true;
+  if (++arrived_ == world_size_) {
+    for (std::size_t r = 1; r < deposits_.size(); ++r) {
+      TORCH_INTERNAL_ASSERT(deposits_[r]->size() == deposits_[0]->size(),
+                            "harness bug: ranks reduce different tensor lists");
+    }
+    at::NoGradGuard no_grad;
+    for (std::size_t i = 0; i < tensors.size(); ++i) {
+      at::Tensor sum = (*deposits_[0])[i].detach().clone();
+      for (std::size_t r = 1; r < deposits_.size(); ++r) sum.add_((*deposits_[r])[i]);
+      for (std::size_t r = 0; r < deposits_.size(); ++r) (*deposits_[r])[i].copy_(sum);
+    }
+    arrived_ = 0;
+    std::fill(present_.begin(), present_.end(), false);
+    ++generation_;
+    lock.unlock();
+    arrived_cv_.notify_all();
+    return;
+  }
+  const auto deadline = std::chrono::steady_clock::now() + timeout_;
+  const bool done = arrived_cv_.wait_until(lock, deadline, [&] {
+    return generation_ != generation || aborted_.has_value();
+  });
+  if (generation_ != generation) return;  // completed, even if an abort came after
+  if (!done && !aborted_) {
+    std::vector<int> missing;
+    for (int r = 0; r < world_size_; ++r) {
+      if (!present_[static_cast<std::size_t>(r)]) missing.push_back(r);
+    }
+    aborted_ = fmt::format("rank {} did not reach collective #{} within {} ms (hang)",
+                           fmt::join(missing, ", "), generation + 1, timeout_.count());
+    arrived_cv_.notify_all();
+  }
+  throw CommunicationError(*aborted_);
+}
+
+}  // namespace gradnorm::harness
