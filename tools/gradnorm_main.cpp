@@ -7,6 +7,7 @@
 
 #include <c10/util/Exception.h>
 
+#include <algorithm>
 #include <cstdio>
 #include <iostream>
 #include <set>
@@ -15,6 +16,7 @@
 #include "gradnorm/harness/variant.hpp"
 #include "gradnorm/oracles/evaluation.hpp"
 #include "gradnorm/oracles/oracle.hpp"
+#include "gradnorm/oracles/token_weights.hpp"
 #include "gradnorm/reports/report.hpp"
 #include "gradnorm/scenarios/catalogue.hpp"
 
@@ -120,6 +122,52 @@ int show_command(const std::string& name) {
   return kExitAsExpected;
 }
 
+std::string weight_range(const std::vector<double>& weights) {
+  if (weights.empty()) return "-";
+  const auto [low, high] = std::minmax_element(weights.begin(), weights.end());
+  if (*low == *high) return fmt::format("{:.6g}", *low);
+  return fmt::format("{:.6g} .. {:.6g}", *low, *high);
+}
+
+int explain_command(const std::string& name, const std::vector<std::string>& variant_patterns) {
+  const scenarios::Scenario& s = scenarios::find_scenario(name);
+  std::vector<std::string> patterns = variant_patterns;
+  if (patterns.empty()) patterns = {"baseline", "skip", "world-size-only", "global-prenorm"};
+  const auto variant_list = pick_variants(patterns);
+  harness::DeterminismGuard guard;
+  fmt::print("{}: W={}, N={}; tokens per rank:", s.name, s.world_size, s.global_token_count());
+  for (int rank = 0; rank < s.world_size; ++rank) fmt::print(" {}", s.rank_token_count(rank));
+  fmt::print("\nToken-weight probe: one zero-initialised parameter row per token position, so each\n"
+             "token's gradient is its own row and its weight is read off exactly.\n\n");
+  fmt::print("{:<32} {:>5} {:>7} {:>14} {:>22} {:>9}\n", "variant", "rank", "tokens", "expected",
+             "observed", "ratio");
+  for (const harness::VariantSpec& v : variant_list) {
+    if (auto why = harness::not_applicable(v, s)) {
+      fmt::print("{:<32} not applicable: {}\n", v.name, *why);
+      continue;
+    }
+    const oracles::TokenWeightReport report = oracles::probe_token_weights(s, v);
+    if (report.outcome != "ok") {
+      fmt::print("{:<32} {}\n", v.name, report.outcome);
+      continue;
+    }
+    for (const oracles::RankTokenWeights& rank : report.ranks) {
+      std::string ratio = "-";
+      if (!rank.weights.empty()) {
+        const auto [low, high] = std::minmax_element(rank.weights.begin(), rank.weights.end());
+        ratio = *low == *high ? fmt::format("{:.4g}", *low / report.expected_weight)
+                              : fmt::format("{:.4g}..{:.4g}", *low / report.expected_weight,
+                                            *high / report.expected_weight);
+      }
+      fmt::print("{:<32} {:>5} {:>7} {:>14.6g} {:>22} {:>9}\n", v.name, rank.rank, rank.tokens,
+                 report.expected_weight, weight_range(rank.weights), ratio);
+    }
+    fmt::print("{:<32} weights rel L2 error {:.4g} (orthogonal per-token gradients)\n", v.name,
+               report.rel_l2_error);
+  }
+  return kExitAsExpected;
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
@@ -149,6 +197,15 @@ int main(int argc, char** argv) {
   CLI::App* show = app.add_subcommand("show", "describe one scenario and its oracle");
   show->add_option("scenario", show_name, "scenario name")->required();
 
+  std::string explain_name;
+  std::vector<std::string> explain_variants;
+  CLI::App* explain = app.add_subcommand(
+      "explain", "print each variant's effective per-token weight, per rank, against 1/N");
+  explain->add_option("scenario", explain_name, "scenario name")->required();
+  explain->add_option("--variant,-v", explain_variants,
+                      "variant name or pattern (repeatable; default: baseline, skip, "
+                      "world-size-only, global-prenorm)");
+
   try {
     app.parse(argc, argv);
   } catch (const CLI::ParseError& error) {
@@ -159,6 +216,7 @@ int main(int argc, char** argv) {
     if (*run) return run_command(run_options);
     if (*list) return list_command(scenarios_only, variants_only);
     if (*show) return show_command(show_name);
+    if (*explain) return explain_command(explain_name, explain_variants);
   } catch (const scenarios::InvalidInput& error) {
     fmt::print(stderr, "gradnorm: {}\n", error.what());
     return kExitUsage;

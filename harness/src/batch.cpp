@@ -72,7 +72,13 @@ MicroBatch make_micro_batch(const scenarios::Scenario& s, int rank, int step, in
   const int count = s.valid_tokens.at(rank).at(micro);
 
   MicroBatch out;
-  if (s.model == scenarios::ModelKind::linear_head) {
+  if (s.model == scenarios::ModelKind::token_probe) {
+    // A unique row per (rank, micro-batch, sequence, position) of the step.
+    const long first = ((static_cast<long>(rank) * s.accumulation_steps + micro) * batch) * length;
+    out.inputs = at::arange(first, first + static_cast<long>(batch) * length,
+                            at::TensorOptions().dtype(at::kLong))
+                     .view({batch, length});
+  } else if (s.model == scenarios::ModelKind::linear_head) {
     // Drawn in float64 and rounded once, so the oracle's float64 copy is exact.
     out.inputs = at::randn({batch, length, s.hidden_size}, generator, at::kDouble)
                      .to(scalar_type(s.dtype));

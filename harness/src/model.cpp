@@ -26,6 +26,15 @@ Model::Model(const scenarios::Scenario& s, ModelConfig config) : config_(config)
   const double fan_in = 1.0 / std::sqrt(static_cast<double>(hidden));
   TORCH_INTERNAL_ASSERT(config.base != scenarios::ModelKind::lora,
                         "harness bug: a model config names lora as its base");
+  if (config.base == scenarios::ModelKind::token_probe) {
+    // Zeros: every logit starts equal, so a token's gradient row is w * (1/V - onehot(y)).
+    const long rows = static_cast<long>(s.world_size) * s.accumulation_steps *
+                      s.micro_batch_size * s.sequence_length;
+    at::Tensor value = at::zeros({rows, vocab}, at::TensorOptions().dtype(dtype));
+    value.set_requires_grad(true);
+    parameters_.push_back(Parameter{"probe.weight", value, true});
+    return;
+  }
   const bool base_trainable = !config.lora;
   const bool causal = config.base == scenarios::ModelKind::causal_lm;
   if (causal) {
@@ -89,6 +98,11 @@ at::Tensor Model::adapted_linear(const at::Tensor& input, const std::string& lay
 }
 
 at::Tensor Model::logits(const MicroBatch& batch) const {
+  if (config_.base == scenarios::ModelKind::token_probe) {
+    const at::Tensor& table = get("probe.weight");
+    return table.index_select(0, batch.inputs.reshape({-1}))
+        .view({batch.inputs.size(0), batch.inputs.size(1), -1});
+  }
   if (config_.base == scenarios::ModelKind::linear_head) {
     return adapted_linear(batch.inputs, "head");
   }

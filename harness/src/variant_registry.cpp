@@ -158,6 +158,10 @@ std::string_view to_string(Arithmetic arithmetic) {
 }
 
 ModelConfig model_config_for(const VariantSpec& variant, const scenarios::Scenario& scenario) {
+  if (scenario.model == scenarios::ModelKind::token_probe) {
+    // The probe has no linears: LoRA adapters and fake quantisation do not apply to it.
+    return ModelConfig{scenarios::ModelKind::token_probe, false, false};
+  }
   const bool lora_model = scenario.model == scenarios::ModelKind::lora;
   const scenarios::ModelKind base =
       lora_model ? scenarios::ModelKind::causal_lm : scenario.model;

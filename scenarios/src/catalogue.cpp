@@ -94,7 +94,7 @@ void add_distributed(std::vector<Scenario>& out) {
     add_each_dtype(out, empty_rank);
   }
   // Accumulation 2 on ragged ranks: the skip gate is closed.
-  add_each_dtype(out, distributed("dist/accum2-ragged", {{5, 3}, {2, 6}}));
+  add_each_dtype(out, distributed("dist/accum2-ragged", {{5, 3}, {1, 6}}));
   // The average's placement and clipping, on the mild case.
   {
     Scenario before = ragged(distributed("dist/5-3-divide-before-sum", {{5}, {3}}));

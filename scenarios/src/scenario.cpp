@@ -17,9 +17,10 @@ using NameTable = std::array<std::pair<Enum, std::string_view>, Size>;
 
 constexpr NameTable<DType, 3> kDTypeNames{{
     {DType::float64, "float64"}, {DType::float32, "float32"}, {DType::bfloat16, "bfloat16"}}};
-constexpr NameTable<ModelKind, 3> kModelNames{{{ModelKind::causal_lm, "causal_lm"},
+constexpr NameTable<ModelKind, 4> kModelNames{{{ModelKind::causal_lm, "causal_lm"},
                                                {ModelKind::linear_head, "linear_head"},
-                                               {ModelKind::lora, "lora"}}};
+                                               {ModelKind::lora, "lora"},
+                                               {ModelKind::token_probe, "token_probe"}}};
 constexpr NameTable<LossKind, 3> kLossNames{{{LossKind::mean_ce, "mean_ce"},
                                              {LossKind::chunked_ce, "chunked_ce"},
                                              {LossKind::linear_ce, "linear_ce"}}};

@@ -13,7 +13,8 @@
 namespace gradnorm::harness {
 
 struct ModelConfig {
-  // causal_lm or linear_head; scenarios::ModelKind::lora is causal_lm with adapters.
+  // causal_lm, linear_head or token_probe; scenarios::ModelKind::lora is causal_lm with
+  // adapters.
   scenarios::ModelKind base = scenarios::ModelKind::causal_lm;
   // LoRA: base weights frozen, trainable low-rank adapters on every linear.
   bool lora = false;
