@@ -18,6 +18,8 @@
 #include "gradnorm/oracles/oracle.hpp"
 #include "gradnorm/oracles/token_weights.hpp"
 #include "gradnorm/reports/report.hpp"
+#include "gradnorm/harness/transport.hpp"
+#include "process_supervisor.hpp"
 #include "gradnorm/scenarios/catalogue.hpp"
 
 namespace {
@@ -61,23 +63,60 @@ struct RunOptions {
   std::string markdown_path;
   bool quiet = false;
   bool ignore_findings = false;
+  std::string launcher = "threads";
+  int processes = 0;
+  double timeout_seconds = 60;
+  std::string fault;
 };
 
-int run_command(const RunOptions& options) {
-  const auto scenario_list = pick_scenarios(options.scenario_patterns);
-  const auto variant_list = pick_variants(options.variant_patterns);
-  harness::DeterminismGuard guard;
-  const oracles::Evaluation evaluation = oracles::evaluate(
-      scenario_list, variant_list,
-      oracles::EvaluateOptions{.use_documented_findings = !options.ignore_findings});
+std::chrono::milliseconds timeout_of(const RunOptions& options) {
+  return std::chrono::milliseconds(static_cast<long>(options.timeout_seconds * 1000));
+}
+
+// The same command line for a rank process, with "--launcher env".
+std::vector<std::string> rank_arguments(int argc, char** argv) {
+  std::vector<std::string> out;
+  for (int i = 1; i < argc; ++i) {
+    const std::string arg = argv[i];
+    if (arg == "--launcher" && i + 1 < argc) {
+      out.push_back(arg);
+      out.push_back("env");
+      ++i;
+    } else if (arg.rfind("--launcher=", 0) == 0) {
+      out.push_back("--launcher=env");
+    } else {
+      out.push_back(arg);
+    }
+  }
+  return out;
+}
+
+std::vector<scenarios::Scenario> with_world_size(std::vector<scenarios::Scenario> list, int world) {
+  std::erase_if(list, [world](const scenarios::Scenario& s) { return s.world_size != world; });
+  if (list.empty()) {
+    throw scenarios::InvalidInput(fmt::format(
+        "no selected scenario has world_size {}: pick one with --scenario (e.g. dist/5-3/float32 "
+        "for 2 ranks) or change --nproc",
+        world));
+  }
+  return list;
+}
+
+int report(const oracles::Evaluation& evaluation, const RunOptions& options,
+           const harness::RunSettings& settings) {
+  if (evaluation.fault) {
+    // Nothing half-done is presented as complete: no report files for an aborted run.
+    fmt::print(stderr, "gradnorm: run aborted: {}\n", *evaluation.fault);
+    return tools::kExitRankFailed;
+  }
   // Reports are complete before anything is printed as done; each is written atomically.
   if (!options.json_path.empty()) {
-    reports::write_file_atomically(
-        options.json_path, reports::to_json(evaluation, guard.settings()).dump(2) + "\n");
+    reports::write_file_atomically(options.json_path,
+                                   reports::to_json(evaluation, settings).dump(2) + "\n");
   }
   if (!options.markdown_path.empty()) {
     reports::write_file_atomically(options.markdown_path,
-                                   reports::render_markdown(evaluation, guard.settings()));
+                                   reports::render_markdown(evaluation, settings));
   }
   const std::string table = reports::render_table(evaluation);
   if (options.quiet) {
@@ -85,7 +124,58 @@ int run_command(const RunOptions& options) {
   } else {
     std::fputs(table.c_str(), stdout);
   }
+  if (!evaluation.skipped.empty()) {
+    fmt::print("{} pairs left out (the harness cannot run them), e.g. {} x {}: {}\n",
+               evaluation.skipped.size(), evaluation.skipped.front().scenario,
+               evaluation.skipped.front().variant, evaluation.skipped.front().why);
+  }
   return evaluation.all_met() ? kExitAsExpected : kExitUnexpected;
+}
+
+int run_command(const RunOptions& options, int argc, char** argv) {
+  auto scenario_list = pick_scenarios(options.scenario_patterns);
+  const auto variant_list = pick_variants(options.variant_patterns);
+  harness::RunOptions run_options;
+  run_options.timeout = timeout_of(options);
+  if (!options.fault.empty()) run_options.fault = harness::parse_fault(options.fault);
+
+  if (options.launcher == "processes") {
+    if (options.processes < 1) {
+      throw scenarios::InvalidInput("--launcher processes needs --nproc W (the number of ranks)");
+    }
+    (void)with_world_size(scenario_list, options.processes);  // fail here, not in W children
+    return tools::supervise(tools::SupervisorOptions{
+        .processes = options.processes,
+        .timeout = run_options.timeout,
+        .rank_arguments = rank_arguments(argc, argv)});
+  }
+
+  oracles::EvaluateOptions evaluate_options{
+      .timeout = run_options.timeout,
+      .use_documented_findings = !options.ignore_findings};
+  std::unique_ptr<harness::Transport> transport;
+  if (options.launcher == "env") {
+    const harness::Rendezvous rendezvous = harness::rendezvous_from_environment();
+    scenario_list = with_world_size(scenario_list, rendezvous.world_size);
+    harness::DeterminismGuard guard;
+    transport = harness::make_gloo_transport(rendezvous, run_options);
+    evaluate_options.transport = transport.get();
+    const oracles::Evaluation evaluation =
+        oracles::evaluate(scenario_list, variant_list, evaluate_options);
+    if (rendezvous.rank != 0) return kExitAsExpected;  // rank 0 reports for everyone
+    harness::RunSettings settings = guard.settings();
+    settings.transport = fmt::format("gloo processes x {}", rendezvous.world_size);
+    return report(evaluation, options, settings);
+  }
+
+  harness::DeterminismGuard guard;
+  harness::ThreadTransport threads(run_options);
+  evaluate_options.transport = &threads;
+  const oracles::Evaluation evaluation =
+      oracles::evaluate(scenario_list, variant_list, evaluate_options);
+  harness::RunSettings settings = guard.settings();
+  settings.transport = "threads";
+  return report(evaluation, options, settings);
 }
 
 int list_command(bool scenarios_only, bool variants_only) {
@@ -184,6 +274,20 @@ int main(int argc, char** argv) {
   run->add_option("--json", run_options.json_path, "write one JSON record per row to PATH");
   run->add_option("--markdown", run_options.markdown_path, "write a pull-request report to PATH");
   run->add_flag("--quiet,-q", run_options.quiet, "print the summary line only");
+  run->add_option("--launcher", run_options.launcher,
+                  "threads (default): ranks as threads; processes: --nproc W processes over "
+                  "c10d Gloo started here; env: this process is one rank, from RANK, "
+                  "WORLD_SIZE and MASTER_ADDR/MASTER_PORT (torchrun style) or GRADNORM_STORE")
+      ->check(CLI::IsMember({"threads", "processes", "env"}));
+  run->add_option("--nproc", run_options.processes,
+                  "ranks for --launcher processes; runs the selected scenarios with that world "
+                  "size")
+      ->check(CLI::Range(1, 1024));
+  run->add_option("--timeout", run_options.timeout_seconds,
+                  "seconds a rank may wait for its peers in one collective (default 60)")
+      ->check(CLI::Range(0.01, 86400.0));
+  run->add_option("--inject-fault", run_options.fault,
+                  "make a rank fail on purpose: RANK:KIND[@STEP], KIND one of throw, exit, hang");
   run->add_flag("--ignore-findings", run_options.ignore_findings,
                 "treat documented findings as failures: every reference and candidate must "
                 "agree with the oracle");
@@ -213,13 +317,25 @@ int main(int argc, char** argv) {
     return code == 0 ? kExitAsExpected : kExitUsage;
   }
   try {
-    if (*run) return run_command(run_options);
+    if (*run) return run_command(run_options, argc, argv);
     if (*list) return list_command(scenarios_only, variants_only);
     if (*show) return show_command(show_name);
     if (*explain) return explain_command(explain_name, explain_variants);
   } catch (const scenarios::InvalidInput& error) {
     fmt::print(stderr, "gradnorm: {}\n", error.what());
     return kExitUsage;
+  } catch (const harness::RankExit&) {
+    std::_Exit(4);  // an injected exit: vanish without a word, as a crashed rank would
+  } catch (const std::exception& error) {
+    // A rank process that failed outside the recipe: leave the cause for the supervisor.
+    const char* rank = std::getenv("RANK");
+    const std::string cause = dynamic_cast<const harness::CommunicationError*>(&error)
+                                  ? harness::first_line(error.what())
+                                  : fmt::format("rank {} threw: {}", rank ? rank : "?",
+                                                harness::first_line(error.what()));
+    tools::write_rank_status(rank ? std::atoi(rank) : -1, cause);
+    fmt::print(stderr, "gradnorm: {}\n", cause);
+    return tools::kExitRankFailed;
   }
   return kExitUsage;
 }

@@ -81,16 +81,16 @@ Evaluation evaluate(const std::vector<scenarios::Scenario>& scenario_list,
                     const std::vector<harness::VariantSpec>& variant_list,
                     const EvaluateOptions& options) {
   Evaluation out;
+  harness::RunOptions thread_options;
+  thread_options.timeout = options.timeout;
+  harness::ThreadTransport threads(thread_options);
+  harness::Transport& transport = options.transport ? *options.transport : threads;
   for (const scenarios::Scenario& s : scenario_list) {
     std::map<OracleKey, OracleResult> oracles;
     std::map<std::string, harness::RankedRun> observed;
-    harness::RunOptions run_options;
-    run_options.timeout = options.timeout;
     auto observe = [&](const harness::VariantSpec& v) -> const harness::RankedRun& {
       auto found = observed.find(v.name);
-      if (found == observed.end()) {
-        found = observed.emplace(v.name, harness::run_in_threads(v, s, run_options)).first;
-      }
+      if (found == observed.end()) found = observed.emplace(v.name, transport.run(v, s)).first;
       return found->second;
     };
     for (const harness::VariantSpec& v : variant_list) {
@@ -140,9 +140,14 @@ Evaluation evaluate(const std::vector<scenarios::Scenario>& scenario_list,
         row.expectation = Expectation::agree;
         row.met = agreed;
       }
-      // A fault is never an answer: not a caught control, not a reproduced finding.
-      if (row.fault) row.met = false;
+      // A fault is never an answer: not a caught control, not a reproduced finding. The
+      // evaluation stops: the rest of the matrix would run on a broken setup.
+      if (row.fault) {
+        row.met = false;
+        out.fault = fmt::format("{} x {}: {}", s.name, v.name, *row.fault);
+      }
       out.rows.push_back(std::move(row));
+      if (out.fault) return out;
     }
   }
   return out;

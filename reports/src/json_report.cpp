@@ -87,6 +87,7 @@ json to_json(const oracles::Evaluation& evaluation, const harness::RunSettings& 
       {"settings",
        {{"torch_version", settings.torch_version},
         {"intra_op_threads", settings.intra_op_threads},
+        {"transport", settings.transport},
         {"deterministic_algorithms", settings.deterministic_algorithms}}},
       {"summary",
        {{"rows", s.rows}, {"pass", s.passed}, {"fail", s.failed},

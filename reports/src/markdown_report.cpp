@@ -19,8 +19,8 @@ std::string render_markdown(const oracles::Evaluation& evaluation,
                      s.unmet == 0 ? "As expected" : fmt::format("{} unexpected", s.unmet), s.rows,
                      s.passed, s.failed, s.expected_errors, s.error_mismatches, s.controls_caught,
                      s.controls_visible, s.findings);
-  out += fmt::format("LibTorch {}, {} intra-op thread(s), deterministic algorithms {}.\n\n",
-                     settings.torch_version, settings.intra_op_threads,
+  out += fmt::format("LibTorch {}, ranks as {}, {} intra-op thread(s), deterministic algorithms {}.\n\n",
+                     settings.torch_version, settings.transport, settings.intra_op_threads,
                      settings.deterministic_algorithms ? "on" : "off");
   auto section = [&](std::string title, auto predicate) {
     std::string body;

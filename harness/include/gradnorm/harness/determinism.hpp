@@ -10,6 +10,7 @@ struct RunSettings {
   std::string torch_version;  // "1.13.0"
   int intra_op_threads = 1;
   bool deterministic_algorithms = true;
+  std::string transport = "threads";  // how ranks ran: threads, or gloo processes x W
 };
 
 class DeterminismGuard {

@@ -8,6 +8,7 @@
 #include <string>
 #include <vector>
 
+#include "gradnorm/harness/transport.hpp"
 #include "gradnorm/harness/variant.hpp"
 #include "gradnorm/oracles/verdict.hpp"
 
@@ -46,13 +47,19 @@ struct SkippedPair {
 struct Evaluation {
   std::vector<EvaluationRow> rows;
   std::vector<SkippedPair> skipped;  // pairs the harness cannot run (not_applicable)
+  // Set when a run aborted (a rank threw outside the recipe, exited or hung): the
+  // evaluation stopped there and its rows are incomplete.
+  std::optional<std::string> fault;
   [[nodiscard]] bool all_met() const;
   [[nodiscard]] int count_unmet() const;
 };
 
 struct EvaluateOptions {
-  // How long a rank may wait in one collective before the run is aborted.
+  // How long a rank may wait in one collective before the run is aborted (threads; a
+  // transport given below carries its own).
   std::chrono::milliseconds timeout{std::chrono::seconds(60)};
+  // Where runs happen; null: ranks as threads of this process.
+  harness::Transport* transport = nullptr;
   // When false, documented findings are ignored: every reference and candidate must agree.
   bool use_documented_findings = true;
 };

@@ -1,0 +1,197 @@
+// Ranks as processes over PyTorch's own c10d ProcessGroupGloo. No hand-written networking:
+// collectives are c10d's, rendezvous is a c10d FileStore or TCPStore.
+#include <ATen/ATen.h>
+#include <torch/csrc/distributed/c10d/FileStore.hpp>
+#include <torch/csrc/distributed/c10d/PrefixStore.hpp>
+#include <torch/csrc/distributed/c10d/ProcessGroupGloo.hpp>
+#include <torch/csrc/distributed/c10d/TCPStore.hpp>
+
+#include <fmt/format.h>
+
+#include <cstdlib>
+#include <thread>
+
+#include "gradnorm/harness/transport.hpp"
+
+namespace gradnorm::harness {
+namespace {
+
+std::string required_env(const char* name) {
+  const char* value = std::getenv(name);
+  if (value == nullptr || *value == '\0') {
+    throw scenarios::InvalidInput(fmt::format(
+        "environment variable {} is not set: a process rank needs RANK, WORLD_SIZE and either "
+        "GRADNORM_STORE=file:PATH or MASTER_ADDR and MASTER_PORT",
+        name));
+  }
+  return value;
+}
+
+int integer_env(const char* name, int low, int high) {
+  const std::string text = required_env(name);
+  try {
+    std::size_t used = 0;
+    const int value = std::stoi(text, &used);
+    if (used == text.size() && value >= low && value <= high) return value;
+  } catch (const std::logic_error&) {
+  }
+  throw scenarios::InvalidInput(
+      fmt::format("environment variable {}='{}': expected an integer in [{}, {}]", name, text, low, high));
+}
+
+// A CommunicationError that names this rank and the collective's LibTorch error.
+[[noreturn]] void collective_failed(int rank, const char* what, const std::exception& error) {
+  const auto* torch_error = dynamic_cast<const c10::Error*>(&error);
+  throw CommunicationError(fmt::format(
+      "rank {}: {} failed: {}", rank, what,
+      first_line(torch_error ? torch_error->what_without_backtrace() : error.what())));
+}
+
+class GlooCommunicator final : public Communicator {
+ public:
+  GlooCommunicator(c10::intrusive_ptr<c10d::ProcessGroupGloo> group, int rank, int world,
+                   std::chrono::milliseconds timeout)
+      : group_(std::move(group)), rank_(rank), world_(world), timeout_(timeout) {}
+  int rank() const override { return rank_; }
+  int world_size() const override { return world_; }
+  std::string kind() const override { return "gloo"; }
+
+  void all_reduce_sum(std::vector<at::Tensor>& tensors) override {
+    if (tensors.empty()) return barrier();
+    try {
+      for (at::Tensor& tensor : tensors) {
+        // LibTorch 1.13's Gloo has no bfloat16: reduce in float32 and round once.
+        const bool widen = tensor.scalar_type() == at::kBFloat16;
+        std::vector<at::Tensor> one{widen ? tensor.to(at::kFloat) : tensor};
+        group_->allreduce(one)->wait(timeout_);
+        if (widen) {
+          at::NoGradGuard no_grad;
+          tensor.copy_(one[0]);
+        }
+      }
+    } catch (const std::exception& error) {  // c10::Error, or gloo's own IoException
+      collective_failed(rank_, "all-reduce", error);
+    }
+  }
+
+  void barrier() override {
+    try {
+      group_->barrier()->wait(timeout_);
+    } catch (const std::exception& error) {
+      collective_failed(rank_, "barrier", error);
+    }
+  }
+
+ private:
+  c10::intrusive_ptr<c10d::ProcessGroupGloo> group_;
+  int rank_;
+  int world_;
+  std::chrono::milliseconds timeout_;
+};
+
+class GlooTransport final : public Transport {
+ public:
+  GlooTransport(const Rendezvous& rendezvous, RunOptions options)
+      : rendezvous_(rendezvous), options_(std::move(options)) {
+    try {
+      if (!rendezvous.file_store.empty()) {
+        store_ = c10::make_intrusive<c10d::FileStore>(rendezvous.file_store, rendezvous.world_size);
+      } else {
+        c10d::TCPStoreOptions tcp;
+        tcp.port = static_cast<std::uint16_t>(rendezvous.master_port);
+        tcp.isServer = rendezvous.rank == 0;
+        tcp.numWorkers = rendezvous.world_size;
+        tcp.waitWorkers = true;
+        tcp.timeout = options_.timeout;
+        store_ = c10::make_intrusive<c10d::TCPStore>(rendezvous.master_addr, tcp);
+      }
+      store_->setTimeout(options_.timeout);
+      auto gloo_options = c10d::ProcessGroupGloo::Options::create(options_.timeout);
+      gloo_options->devices.push_back(c10d::ProcessGroupGloo::createDeviceForHostname(
+          rendezvous.file_store.empty() ? rendezvous.master_addr : "127.0.0.1"));
+      group_ = c10::make_intrusive<c10d::ProcessGroupGloo>(
+          c10::make_intrusive<c10d::PrefixStore>("group", store_), rendezvous.rank,
+          rendezvous.world_size, gloo_options);
+    } catch (const c10::Error& error) {
+      throw CommunicationError(fmt::format("rank {}: rendezvous failed: {}", rendezvous.rank,
+                                           first_line(error.what_without_backtrace())));
+    }
+    FaultInjection& fault = options_.fault;
+    fault.hang = [] {
+      for (;;) std::this_thread::sleep_for(std::chrono::seconds(1));  // the supervisor kills us
+    };
+  }
+
+  RankedRun run(const VariantSpec& variant, const scenarios::Scenario& scenario) override {
+    scenarios::validate(scenario);
+    if (scenario.world_size != rendezvous_.world_size) {
+      throw scenarios::InvalidInput(fmt::format(
+          "scenario '{}' has world_size {} but this process group has {} ranks", scenario.name,
+          scenario.world_size, rendezvous_.world_size));
+    }
+    if (auto why = not_applicable(variant, scenario)) {
+      throw scenarios::InvalidInput(fmt::format("variant '{}' cannot run scenario '{}': {}",
+                                                variant.name, scenario.name, *why));
+    }
+    GlooCommunicator comm(group_, rendezvous_.rank, rendezvous_.world_size, options_.timeout);
+    const Observation mine =
+        run_rank(variant, scenario, scenario_batches(scenario), comm, options_.fault);
+    // Every rank publishes its observation and reads everyone else's.
+    const std::string key = fmt::format("obs/{}", run_index_++);
+    RankedRun out;
+    try {
+      const std::string blob = serialize(mine);
+      store_->set(fmt::format("{}/{}", key, rendezvous_.rank),
+                  std::vector<std::uint8_t>(blob.begin(), blob.end()));
+      for (int rank = 0; rank < rendezvous_.world_size; ++rank) {
+        if (rank == rendezvous_.rank) {
+          out.ranks.push_back(mine);
+          continue;
+        }
+        const std::vector<std::uint8_t> theirs = store_->get(fmt::format("{}/{}", key, rank));
+        out.ranks.push_back(deserialize(std::string(theirs.begin(), theirs.end())));
+      }
+    } catch (const std::exception& error) {
+      collective_failed(rendezvous_.rank, "observation exchange", error);
+    }
+    return out;
+  }
+
+  int world_size() const override { return rendezvous_.world_size; }
+  int rank() const override { return rendezvous_.rank; }
+  std::string kind() const override { return "gloo"; }
+
+ private:
+  Rendezvous rendezvous_;
+  RunOptions options_;
+  c10::intrusive_ptr<c10d::Store> store_;
+  c10::intrusive_ptr<c10d::ProcessGroupGloo> group_;
+  long run_index_ = 0;
+};
+
+}  // namespace
+
+Rendezvous rendezvous_from_environment() {
+  Rendezvous r;
+  r.world_size = integer_env("WORLD_SIZE", 1, 4096);
+  r.rank = integer_env("RANK", 0, r.world_size - 1);
+  const char* store = std::getenv("GRADNORM_STORE");
+  if (store != nullptr && *store != '\0') {
+    const std::string text = store;
+    if (text.rfind("file:", 0) != 0 || text.size() <= 5) {
+      throw scenarios::InvalidInput(fmt::format(
+          "GRADNORM_STORE='{}': expected file:PATH (a FileStore path every rank can reach)", text));
+    }
+    r.file_store = text.substr(5);
+    return r;
+  }
+  r.master_addr = required_env("MASTER_ADDR");
+  r.master_port = integer_env("MASTER_PORT", 1, 65535);
+  return r;
+}
+
+std::unique_ptr<Transport> make_gloo_transport(const Rendezvous& rendezvous, RunOptions options) {
+  return std::make_unique<GlooTransport>(rendezvous, std::move(options));
+}
+
+}  // namespace gradnorm::harness

@@ -1,0 +1,208 @@
+#include "process_supervisor.hpp"
+
+#include <fcntl.h>
+#include <fmt/format.h>
+#include <fmt/ranges.h>
+#include <signal.h>
+#include <sys/prctl.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <atomic>
+#include <cstdlib>
+#include <cstring>
+#include <filesystem>
+#include <fstream>
+#include <optional>
+#include <thread>
+
+extern char** environ;
+
+namespace gradnorm::tools {
+namespace {
+
+std::atomic<bool> g_interrupted{false};
+void on_signal(int) { g_interrupted = true; }
+
+std::string read_first_line(const std::filesystem::path& path) {
+  std::ifstream file(path);
+  std::string line;
+  std::getline(file, line);
+  return line;
+}
+
+std::string last_lines(const std::filesystem::path& path, std::size_t count) {
+  std::ifstream file(path);
+  std::vector<std::string> lines;
+  for (std::string line; std::getline(file, line);) {
+    if (line.rfind("[W ", 0) == 0) continue;  // LibTorch's warnings
+    lines.push_back(line);
+  }
+  if (lines.size() > count) lines.erase(lines.begin(), lines.end() - static_cast<long>(count));
+  return fmt::format("{}", fmt::join(lines, "\n    "));
+}
+
+std::string describe_status(int status) {
+  if (WIFEXITED(status)) return fmt::format("exited with status {}", WEXITSTATUS(status));
+  if (WIFSIGNALED(status)) return fmt::format("was killed by signal {} ({})", WTERMSIG(status), strsignal(WTERMSIG(status)));
+  return "stopped";
+}
+
+}  // namespace
+
+void write_rank_status(int rank, const std::string& cause) {
+  const char* dir = std::getenv("GRADNORM_STATUS_DIR");
+  if (dir == nullptr || *dir == '\0') return;
+  std::ofstream(std::filesystem::path(dir) / fmt::format("status.{}", rank)) << cause << "\n";
+}
+
+int supervise(const SupervisorOptions& options) {
+  char pattern[] = "/tmp/gradnorm-ranks-XXXXXX";
+  if (mkdtemp(pattern) == nullptr) {
+    fmt::print(stderr, "gradnorm: cannot create a rendezvous folder under /tmp: {}\n", std::strerror(errno));
+    return kExitRankFailed;
+  }
+  const std::filesystem::path folder = pattern;
+  const std::string program = std::filesystem::read_symlink("/proc/self/exe").string();
+
+  // Everything a child needs is built before fork: after it, only exec-safe calls.
+  std::vector<std::string> base_env;
+  for (char** entry = environ; *entry != nullptr; ++entry) {
+    const std::string text = *entry;
+    const std::string key = text.substr(0, text.find('='));
+    if (key == "RANK" || key == "WORLD_SIZE" || key == "LOCAL_RANK" || key == "MASTER_ADDR" ||
+        key == "MASTER_PORT" || key == "GRADNORM_STORE" || key == "GRADNORM_STATUS_DIR") {
+      continue;
+    }
+    base_env.push_back(text);
+  }
+  std::vector<std::string> args{program};
+  args.insert(args.end(), options.rank_arguments.begin(), options.rank_arguments.end());
+  std::vector<char*> argv;
+  for (std::string& a : args) argv.push_back(a.data());
+  argv.push_back(nullptr);
+
+  struct sigaction action {};
+  action.sa_handler = on_signal;
+  sigaction(SIGINT, &action, nullptr);
+  sigaction(SIGTERM, &action, nullptr);
+
+  const pid_t supervisor = getpid();
+  std::vector<pid_t> children;
+  std::vector<std::vector<std::string>> envs(static_cast<std::size_t>(options.processes));
+  pid_t group = 0;
+  for (int rank = 0; rank < options.processes; ++rank) {
+    std::vector<std::string>& env = envs[static_cast<std::size_t>(rank)];
+    env = base_env;
+    env.push_back(fmt::format("RANK={}", rank));
+    env.push_back(fmt::format("LOCAL_RANK={}", rank));
+    env.push_back(fmt::format("WORLD_SIZE={}", options.processes));
+    env.push_back(fmt::format("GRADNORM_STORE=file:{}", (folder / "store").string()));
+    env.push_back(fmt::format("GRADNORM_STATUS_DIR={}", folder.string()));
+    std::vector<char*> envp;
+    for (std::string& e : env) envp.push_back(e.data());
+    envp.push_back(nullptr);
+    const std::string log = (folder / fmt::format("rank{}.log", rank)).string();
+
+    const pid_t child = fork();
+    if (child == 0) {
+      setpgid(0, group);  // the first child founds the group, the others join it
+      prctl(PR_SET_PDEATHSIG, SIGKILL);
+      if (getppid() != supervisor) _exit(127);
+      const int err = open(log.c_str(), O_WRONLY | O_CREAT | O_TRUNC, 0600);
+      if (err >= 0) dup2(err, STDERR_FILENO);
+      if (rank != 0) {
+        const int null = open("/dev/null", O_WRONLY);
+        if (null >= 0) dup2(null, STDOUT_FILENO);
+      }
+      execve(argv[0], argv.data(), envp.data());
+      _exit(127);
+    }
+    if (child < 0) {
+      fmt::print(stderr, "gradnorm: fork failed for rank {}: {}\n", rank, std::strerror(errno));
+      break;
+    }
+    setpgid(child, group);
+    if (group == 0) group = child;
+    children.push_back(child);
+  }
+
+  // Watch: the first rank to fail fails the run; a safety deadline catches a run where every
+  // rank hangs outside a collective.
+  const auto deadline = std::chrono::steady_clock::now() + options.timeout * 10 + std::chrono::seconds(30);
+  std::vector<std::optional<int>> status(children.size());
+  std::optional<std::string> fault;
+  if (children.size() != static_cast<std::size_t>(options.processes)) fault = "could not start every rank";
+  std::size_t finished = 0;
+  auto reap = [&](std::size_t rank, bool block) {
+    if (status[rank]) return false;
+    int raw = 0;
+    if (waitpid(children[rank], &raw, block ? 0 : WNOHANG) != children[rank]) return false;
+    status[rank] = raw;
+    ++finished;
+    return true;
+  };
+  auto clean = [&](std::size_t rank) {
+    const int raw = *status[rank];
+    return WIFEXITED(raw) && (WEXITSTATUS(raw) == 0 || (rank == 0 && WEXITSTATUS(raw) <= 2));
+  };
+  auto cause_of = [&](std::size_t rank) {
+    std::string cause = read_first_line(folder / fmt::format("status.{}", rank));
+    return cause.empty() ? std::string("no message (the process vanished)") : cause;
+  };
+  // A rank that failed inside a collective is usually a victim; the culprit threw, vanished
+  // or never arrived.
+  auto victim = [](const std::string& cause) { return cause.find(" failed: ") != std::string::npos; };
+  std::optional<std::size_t> failed_rank;
+  while (!failed_rank && !fault && finished < children.size()) {
+    for (std::size_t rank = 0; rank < children.size(); ++rank) {
+      if (reap(rank, false) && !clean(rank)) {
+        failed_rank = rank;
+        break;
+      }
+    }
+    if (!failed_rank && std::chrono::steady_clock::now() > deadline) {
+      fault = fmt::format("the run did not finish within {} s",
+                          std::chrono::duration_cast<std::chrono::seconds>(
+                              options.timeout * 10 + std::chrono::seconds(30)).count());
+    }
+    if (!failed_rank && !fault && g_interrupted) fault = "interrupted";
+    if (!failed_rank && !fault) std::this_thread::sleep_for(std::chrono::milliseconds(5));
+  }
+  if (failed_rank) {
+    // Let the others report for a moment, then name the culprit rather than a victim.
+    const auto grace = std::chrono::steady_clock::now() + std::chrono::milliseconds(500);
+    while (finished < children.size() && std::chrono::steady_clock::now() < grace) {
+      for (std::size_t rank = 0; rank < children.size(); ++rank) reap(rank, false);
+      std::this_thread::sleep_for(std::chrono::milliseconds(5));
+    }
+    std::size_t culprit = *failed_rank;
+    for (std::size_t rank = 0; rank < children.size(); ++rank) {
+      if (status[rank] && !clean(rank) && !victim(cause_of(rank))) {
+        culprit = rank;
+        break;
+      }
+    }
+    fault = fmt::format("rank {} {}: {}", culprit, describe_status(*status[culprit]), cause_of(culprit));
+    std::vector<std::string> running;
+    for (std::size_t other = 0; other < children.size(); ++other) {
+      if (!status[other]) running.push_back(std::to_string(other));
+    }
+    if (victim(cause_of(culprit)) && !running.empty()) {
+      *fault += fmt::format("; rank {} never reached the collective (hang)", fmt::join(running, ", "));
+    }
+    const std::string tail = last_lines(folder / fmt::format("rank{}.log", culprit), 3);
+    if (!tail.empty()) *fault += fmt::format("\n  rank {} said:\n    {}", culprit, tail);
+  }
+  if (fault && group > 0) kill(-group, SIGKILL);
+  for (std::size_t rank = 0; rank < children.size(); ++rank) reap(rank, true);
+  std::error_code ignored;
+  std::filesystem::remove_all(folder, ignored);
+  if (fault) {
+    fmt::print(stderr, "gradnorm: run aborted: {}\n", *fault);
+    return kExitRankFailed;
+  }
+  return WEXITSTATUS(*status[0]);
+}
+
+}  // namespace gradnorm::tools
