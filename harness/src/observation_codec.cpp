@@ -50,7 +50,43 @@ std::vector<NamedTensor> read_named_list(const json& list, const c10::List<at::T
   return out;
 }
 
+struct Fnv1a {
+  std::uint64_t state = 0xcbf29ce484222325ULL;
+  void add(const void* data, std::size_t size) {
+    const auto* bytes = static_cast<const unsigned char*>(data);
+    for (std::size_t i = 0; i < size; ++i) {
+      state ^= bytes[i];
+      state *= 0x100000001b3ULL;
+    }
+  }
+  void add(const std::string& text) { add(text.data(), text.size() + 1); }
+  void add(const at::Tensor& tensor) {
+    if (!tensor.defined()) return add(std::string("<undefined>"));
+    const at::Tensor flat = tensor.detach().contiguous();
+    add(flat.data_ptr(), static_cast<std::size_t>(flat.numel()) * flat.element_size());
+  }
+  void add(const std::optional<double>& value) {
+    if (!value) return add(std::string("<none>"));
+    add(&*value, sizeof(double));
+  }
+};
+
 }  // namespace
+
+std::uint64_t digest(const Observation& o) {
+  Fnv1a hash;
+  for (const StepRecord& step : o.steps) {
+    for (const NamedTensor& g : step.gradients) hash.add(g.value);
+    for (const NamedTensor& p : step.parameters_after) hash.add(p.value);
+    hash.add(step.grad_norm);
+    hash.add(step.logged_loss);
+  }
+  if (o.error) {
+    hash.add(o.error->type);
+    hash.add(o.error->message);
+  }
+  return hash.state;
+}
 
 std::string serialize(const Observation& o) {
   std::vector<at::Tensor> tensors;

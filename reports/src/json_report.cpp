@@ -4,6 +4,9 @@
 #include <fstream>
 #include <limits>
 
+#include <fmt/format.h>
+
+#include "gradnorm/harness/transport.hpp"
 #include "gradnorm/reports/report.hpp"
 #include "gradnorm/oracles/tolerance.hpp"
 
@@ -57,6 +60,8 @@ json record(const oracles::EvaluationRow& row) {
       {"bitwise_equal_baseline", row.against_reference.bitwise_equal},
       {"max_ulp_vs_baseline", ulps(row.against_reference.max_ulp)},
       {"first_difference_vs_baseline", row.against_reference.first_difference},
+      {"world_size", row.world_size},
+      {"observation_digest", fmt::format("{:016x}", harness::digest(o))},
       {"grad_norm", first ? number(first->grad_norm) : json(nullptr)},
       {"logged_loss", first ? number(first->logged_loss) : json(nullptr)},
       {"oracle_loss", number(row.oracle_loss)},

@@ -56,6 +56,11 @@ struct Rendezvous {
 [[nodiscard]] std::unique_ptr<Transport> make_gloo_transport(const Rendezvous& rendezvous,
                                                              RunOptions options);
 
+// A 64-bit FNV-1a digest of every number a user sees in the observation (gradients,
+// parameters, grad norms, logged losses, in order) and its error: equal digests mean
+// bit-identical observations, whichever transport produced them.
+[[nodiscard]] std::uint64_t digest(const Observation& observation);
+
 // Observation <-> bytes (LibTorch pickle for tensors, JSON for the rest).
 [[nodiscard]] std::string serialize(const Observation& observation);
 [[nodiscard]] Observation deserialize(const std::string& bytes);
