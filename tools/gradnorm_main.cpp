@@ -19,6 +19,7 @@
 #include "gradnorm/oracles/token_weights.hpp"
 #include "gradnorm/reports/report.hpp"
 #include "gradnorm/harness/transport.hpp"
+#include "bench.hpp"
 #include "process_supervisor.hpp"
 #include "gradnorm/scenarios/catalogue.hpp"
 
@@ -310,6 +311,24 @@ int main(int argc, char** argv) {
                       "variant name or pattern (repeatable; default: baseline, skip, "
                       "world-size-only, global-prenorm)");
 
+  tools::BenchOptions bench_options;
+  CLI::App* bench = app.add_subcommand(
+      "bench", "seconds per scenario and peak memory, ranks as threads and as Gloo processes");
+  bench->add_option("--repeat", bench_options.repeat, "runs per configuration (median reported)")
+      ->check(CLI::Range(1, 1000));
+  bench->add_option("--threads", bench_options.thread_ranks, "world sizes to run as threads")
+      ->check(CLI::IsMember({2, 4, 8, 32, 64}));
+  bench->add_option("--processes", bench_options.process_ranks, "world sizes to run as processes")
+      ->check(CLI::IsMember({2, 4, 8, 32, 64}));
+  std::string one_launcher, one_out;
+  int one_ranks = 0, one_repeat = 1;
+  CLI::App* bench_one = app.add_subcommand("bench-one", "one bench measurement (used by bench)");
+  bench_one->group("");  // internal
+  bench_one->add_option("launcher", one_launcher)->required()->check(CLI::IsMember({"threads", "processes"}));
+  bench_one->add_option("ranks", one_ranks)->required();
+  bench_one->add_option("repeat", one_repeat)->required();
+  bench_one->add_option("out", one_out)->required();
+
   try {
     app.parse(argc, argv);
   } catch (const CLI::ParseError& error) {
@@ -321,6 +340,8 @@ int main(int argc, char** argv) {
     if (*list) return list_command(scenarios_only, variants_only);
     if (*show) return show_command(show_name);
     if (*explain) return explain_command(explain_name, explain_variants);
+    if (*bench) return tools::bench_command(bench_options);
+    if (*bench_one) return tools::bench_one_command(one_launcher, one_ranks, one_repeat, one_out);
   } catch (const scenarios::InvalidInput& error) {
     fmt::print(stderr, "gradnorm: {}\n", error.what());
     return kExitUsage;

@@ -88,6 +88,7 @@ int supervise(const SupervisorOptions& options) {
   sigaction(SIGTERM, &action, nullptr);
 
   const pid_t supervisor = getpid();
+  const bool rank0_prints = options.rank0_prints;
   std::vector<pid_t> children;
   std::vector<std::vector<std::string>> envs(static_cast<std::size_t>(options.processes));
   pid_t group = 0;
@@ -111,7 +112,7 @@ int supervise(const SupervisorOptions& options) {
       if (getppid() != supervisor) _exit(127);
       const int err = open(log.c_str(), O_WRONLY | O_CREAT | O_TRUNC, 0600);
       if (err >= 0) dup2(err, STDERR_FILENO);
-      if (rank != 0) {
+      if (rank != 0 || !rank0_prints) {
         const int null = open("/dev/null", O_WRONLY);
         if (null >= 0) dup2(null, STDOUT_FILENO);
       }

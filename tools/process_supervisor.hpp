@@ -15,6 +15,7 @@ struct SupervisorOptions {
   std::chrono::milliseconds timeout{std::chrono::seconds(60)};
   // Arguments after the program name for every rank ("run --launcher env ...").
   std::vector<std::string> rank_arguments;
+  bool rank0_prints = true;  // rank 0's standard output reaches ours; the others' never does
 };
 
 inline constexpr int kExitRankFailed = 3;

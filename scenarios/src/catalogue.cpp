@@ -107,10 +107,10 @@ void add_distributed(std::vector<Scenario>& out) {
   // Eight ragged ranks, and sixty-four (threads make these cheap).
   add_each_dtype(out, ragged(distributed("dist/8-ranks-ragged",
                                          {{3}, {9}, {1}, {6}, {12}, {2}, {7}, {4}})));
-  {
+  for (int ranks : {32, 64}) {
     std::vector<std::vector<int>> counts;
-    for (int rank = 0; rank < 64; ++rank) counts.push_back({1 + (rank * 5) % 13});
-    Scenario many = ragged(distributed("dist/64-ranks-ragged", counts));
+    for (int rank = 0; rank < ranks; ++rank) counts.push_back({1 + (rank * 5) % 13});
+    Scenario many = ragged(distributed(fmt::format("dist/{}-ranks-ragged", ranks), counts));
     many.dtype = DType::float32;
     many.seed = 1000 + out.size();
     many.name += "/float32";

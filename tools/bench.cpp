@@ -1,0 +1,128 @@
+#include "bench.hpp"
+
+#include <fmt/format.h>
+#include <sys/resource.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <chrono>
+#include <cstdio>
+#include <filesystem>
+#include <fstream>
+
+#include "gradnorm/harness/determinism.hpp"
+#include "gradnorm/harness/runner.hpp"
+#include "gradnorm/scenarios/catalogue.hpp"
+#include "process_supervisor.hpp"
+
+namespace gradnorm::tools {
+namespace {
+
+// The catalogue's ragged float32 scenario for a world size.
+std::string scenario_for(int ranks) {
+  switch (ranks) {
+    case 2: return "dist/5-3/float32";
+    case 4: return "dist/8-0-0-0/float32";
+    case 8: return "dist/8-ranks-ragged/float32";
+    case 32: return "dist/32-ranks-ragged/float32";
+    case 64: return "dist/64-ranks-ragged/float32";
+    default: break;
+  }
+  throw scenarios::InvalidInput(fmt::format("bench: no catalogue scenario with {} ranks (have 2, 4, 8, 32, 64)", ranks));
+}
+
+struct Measurement {
+  double median_seconds = 0;
+  double min_seconds = 0;
+  long peak_kib = 0;
+  bool ok = false;
+};
+
+Measurement measure(const std::string& launcher, int ranks, int repeat) {
+  char path[] = "/tmp/gradnorm-bench-XXXXXX";
+  const int fd = mkstemp(path);
+  if (fd >= 0) close(fd);
+  const std::string program = std::filesystem::read_symlink("/proc/self/exe").string();
+  std::vector<std::string> args{program, "bench-one", launcher, std::to_string(ranks),
+                                std::to_string(repeat), path};
+  std::vector<char*> argv;
+  for (std::string& a : args) argv.push_back(a.data());
+  argv.push_back(nullptr);
+  Measurement m;
+  const pid_t child = fork();
+  if (child == 0) {
+    execv(argv[0], argv.data());
+    _exit(127);
+  }
+  int status = 0;
+  struct rusage usage {};
+  if (child > 0 && wait4(child, &status, 0, &usage) == child && WIFEXITED(status) &&
+      WEXITSTATUS(status) == 0) {
+    std::ifstream in(path);
+    long children_peak = 0;
+    in >> m.median_seconds >> m.min_seconds >> children_peak;
+    // Threads: the measuring process holds every rank. Processes: its largest rank.
+    m.peak_kib = launcher == "threads" ? usage.ru_maxrss : children_peak;
+    m.ok = static_cast<bool>(in);
+  }
+  std::remove(path);
+  return m;
+}
+
+}  // namespace
+
+int bench_one_command(const std::string& launcher, int ranks, int repeat, const std::string& out_path) {
+  const scenarios::Scenario& s = scenarios::find_scenario(scenario_for(ranks));
+  const harness::VariantSpec& baseline = harness::find_variant("baseline");
+  std::vector<double> seconds;
+  for (int i = 0; i < repeat; ++i) {
+    const auto start = std::chrono::steady_clock::now();
+    if (launcher == "threads") {
+      harness::DeterminismGuard guard;
+      const harness::RankedRun run = harness::run_in_threads(baseline, s);
+      if (run.fault) return kExitRankFailed;
+    } else {
+      const int code = supervise(SupervisorOptions{
+          .processes = ranks,
+          .timeout = std::chrono::seconds(60),
+          .rank_arguments = {"run", "--launcher", "env", "-s", s.name, "-v", "baseline", "-q"},
+          .rank0_prints = false});
+      if (code != 0) return code;
+    }
+    seconds.push_back(std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count());
+  }
+  std::sort(seconds.begin(), seconds.end());
+  struct rusage children {};
+  getrusage(RUSAGE_CHILDREN, &children);
+  std::ofstream(out_path) << seconds[seconds.size() / 2] << " " << seconds.front() << " "
+                          << children.ru_maxrss << "\n";
+  return 0;
+}
+
+int bench_command(const BenchOptions& options) {
+  fmt::print("gradnorm bench: one optimizer step of `baseline` per run, median of {} runs, each\n"
+             "configuration in a fresh process. Process runs include starting every rank.\n\n",
+             options.repeat);
+  fmt::print("{:<10} {:>6} {:<30} {:>12} {:>12} {:>16}\n", "launcher", "ranks", "scenario",
+             "median s", "min s", "peak RSS MiB");
+  bool all_ok = true;
+  auto row = [&](const std::string& launcher, int ranks) {
+    const Measurement m = measure(launcher, ranks, options.repeat);
+    all_ok = all_ok && m.ok;
+    if (!m.ok) {
+      fmt::print("{:<10} {:>6} {:<30} failed\n", launcher, ranks, scenario_for(ranks));
+      return;
+    }
+    const std::string memory = launcher == "threads"
+                                   ? fmt::format("{:.0f}", m.peak_kib / 1024.0)
+                                   : fmt::format("{:.0f} per rank", m.peak_kib / 1024.0);
+    fmt::print("{:<10} {:>6} {:<30} {:>12.4f} {:>12.4f} {:>16}\n", launcher, ranks,
+               scenario_for(ranks), m.median_seconds, m.min_seconds, memory);
+  };
+  for (int ranks : options.thread_ranks) row("threads", ranks);
+  for (int ranks : options.process_ranks) row("processes", ranks);
+  return all_ok ? 0 : 1;
+}
+
+}  // namespace gradnorm::tools

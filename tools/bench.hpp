@@ -1,0 +1,22 @@
+#pragma once
+// `gradnorm bench`: seconds per scenario and peak memory for ranks as threads and as Gloo
+// processes. Prints figures; asserts nothing about them.
+
+#include <string>
+#include <vector>
+
+namespace gradnorm::tools {
+
+struct BenchOptions {
+  int repeat = 5;
+  std::vector<int> thread_ranks{2, 8, 32};
+  std::vector<int> process_ranks{2, 4, 8};
+};
+
+int bench_command(const BenchOptions& options);
+
+// One measurement in a fresh process (so its peak memory is its own): runs the catalogue
+// scenario with `ranks` ranks `repeat` times and writes "median min" seconds to `out_path`.
+int bench_one_command(const std::string& launcher, int ranks, int repeat, const std::string& out_path);
+
+}  // namespace gradnorm::tools
