@@ -68,6 +68,7 @@ struct RunOptions {
   int processes = 0;
   double timeout_seconds = 60;
   std::string fault;
+  std::string backend = "gloo";
 };
 
 std::chrono::milliseconds timeout_of(const RunOptions& options) {
@@ -145,6 +146,11 @@ int run_command(const RunOptions& options, int argc, char** argv) {
       throw scenarios::InvalidInput("--launcher processes needs --nproc W (the number of ranks)");
     }
     (void)with_world_size(scenario_list, options.processes);  // fail here, not in W children
+    if (options.backend == "nccl" && !harness::nccl_compiled_in()) {
+      throw scenarios::InvalidInput(
+          "--backend nccl: this gradnorm was built without NCCL; configure with "
+          "-DGRADNORM_WITH_NCCL=ON against a CUDA-enabled LibTorch (see the README)");
+    }
     return tools::supervise(tools::SupervisorOptions{
         .processes = options.processes,
         .timeout = run_options.timeout,
@@ -159,13 +165,13 @@ int run_command(const RunOptions& options, int argc, char** argv) {
     const harness::Rendezvous rendezvous = harness::rendezvous_from_environment();
     scenario_list = with_world_size(scenario_list, rendezvous.world_size);
     harness::DeterminismGuard guard;
-    transport = harness::make_gloo_transport(rendezvous, run_options);
+    transport = harness::make_process_group_transport(rendezvous, run_options, options.backend);
     evaluate_options.transport = transport.get();
     const oracles::Evaluation evaluation =
         oracles::evaluate(scenario_list, variant_list, evaluate_options);
     if (rendezvous.rank != 0) return kExitAsExpected;  // rank 0 reports for everyone
     harness::RunSettings settings = guard.settings();
-    settings.transport = fmt::format("gloo processes x {}", rendezvous.world_size);
+    settings.transport = fmt::format("{} processes x {}", options.backend, rendezvous.world_size);
     return report(evaluation, options, settings);
   }
 
@@ -280,6 +286,10 @@ int main(int argc, char** argv) {
                   "c10d Gloo started here; env: this process is one rank, from RANK, "
                   "WORLD_SIZE and MASTER_ADDR/MASTER_PORT (torchrun style) or GRADNORM_STORE")
       ->check(CLI::IsMember({"threads", "processes", "env"}));
+  run->add_option("--backend", run_options.backend,
+                  "c10d backend of rank processes: gloo (default) or nccl (a build with "
+                  "GRADNORM_WITH_NCCL against a CUDA LibTorch)")
+      ->check(CLI::IsMember({"gloo", "nccl"}));
   run->add_option("--nproc", run_options.processes,
                   "ranks for --launcher processes; runs the selected scenarios with that world "
                   "size")

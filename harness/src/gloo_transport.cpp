@@ -1,5 +1,6 @@
-// Ranks as processes over PyTorch's own c10d ProcessGroupGloo. No hand-written networking:
-// collectives are c10d's, rendezvous is a c10d FileStore or TCPStore.
+// Ranks as processes over PyTorch's own c10d process groups (Gloo always; NCCL where LibTorch
+// was built with CUDA). No hand-written networking: collectives are c10d's, rendezvous is a
+// c10d FileStore or TCPStore.
 #include <ATen/ATen.h>
 #include <torch/csrc/distributed/c10d/FileStore.hpp>
 #include <torch/csrc/distributed/c10d/PrefixStore.hpp>
@@ -12,6 +13,7 @@
 #include <thread>
 
 #include "gradnorm/harness/transport.hpp"
+#include "process_group_backend.hpp"
 
 namespace gradnorm::harness {
 namespace {
@@ -47,27 +49,26 @@ int integer_env(const char* name, int low, int high) {
       first_line(torch_error ? torch_error->what_without_backtrace() : error.what())));
 }
 
-class GlooCommunicator final : public Communicator {
+class ProcessGroupCommunicator final : public Communicator {
  public:
-  GlooCommunicator(c10::intrusive_ptr<c10d::ProcessGroupGloo> group, int rank, int world,
-                   std::chrono::milliseconds timeout)
-      : group_(std::move(group)), rank_(rank), world_(world), timeout_(timeout) {}
+  ProcessGroupCommunicator(const ProcessGroupBackend& backend, int rank, int world,
+                           std::chrono::milliseconds timeout)
+      : backend_(backend), rank_(rank), world_(world), timeout_(timeout) {}
   int rank() const override { return rank_; }
   int world_size() const override { return world_; }
-  std::string kind() const override { return "gloo"; }
+  std::string kind() const override { return backend_.name; }
 
   void all_reduce_sum(std::vector<at::Tensor>& tensors) override {
     if (tensors.empty()) return barrier();
     try {
       for (at::Tensor& tensor : tensors) {
         // LibTorch 1.13's Gloo has no bfloat16: reduce in float32 and round once.
-        const bool widen = tensor.scalar_type() == at::kBFloat16;
-        std::vector<at::Tensor> one{widen ? tensor.to(at::kFloat) : tensor};
-        group_->allreduce(one)->wait(timeout_);
-        if (widen) {
-          at::NoGradGuard no_grad;
-          tensor.copy_(one[0]);
-        }
+        const bool widen = backend_.widen_bfloat16 && tensor.scalar_type() == at::kBFloat16;
+        at::Tensor staged = widen ? tensor.to(at::kFloat) : tensor;
+        std::vector<at::Tensor> one{staged.to(backend_.device)};
+        backend_.group->allreduce(one)->wait(timeout_);
+        at::NoGradGuard no_grad;
+        tensor.copy_(one[0].to(at::kCPU));
       }
     } catch (const std::exception& error) {  // c10::Error, or gloo's own IoException
       collective_failed(rank_, "all-reduce", error);
@@ -76,22 +77,22 @@ class GlooCommunicator final : public Communicator {
 
   void barrier() override {
     try {
-      group_->barrier()->wait(timeout_);
+      backend_.group->barrier()->wait(timeout_);
     } catch (const std::exception& error) {
       collective_failed(rank_, "barrier", error);
     }
   }
 
  private:
-  c10::intrusive_ptr<c10d::ProcessGroupGloo> group_;
+  const ProcessGroupBackend& backend_;
   int rank_;
   int world_;
   std::chrono::milliseconds timeout_;
 };
 
-class GlooTransport final : public Transport {
+class ProcessGroupTransport final : public Transport {
  public:
-  GlooTransport(const Rendezvous& rendezvous, RunOptions options)
+  ProcessGroupTransport(const Rendezvous& rendezvous, RunOptions options, const std::string& backend)
       : rendezvous_(rendezvous), options_(std::move(options)) {
     try {
       if (!rendezvous.file_store.empty()) {
@@ -106,12 +107,18 @@ class GlooTransport final : public Transport {
         store_ = c10::make_intrusive<c10d::TCPStore>(rendezvous.master_addr, tcp);
       }
       store_->setTimeout(options_.timeout);
-      auto gloo_options = c10d::ProcessGroupGloo::Options::create(options_.timeout);
-      gloo_options->devices.push_back(c10d::ProcessGroupGloo::createDeviceForHostname(
-          rendezvous.file_store.empty() ? rendezvous.master_addr : "127.0.0.1"));
-      group_ = c10::make_intrusive<c10d::ProcessGroupGloo>(
-          c10::make_intrusive<c10d::PrefixStore>("group", store_), rendezvous.rank,
-          rendezvous.world_size, gloo_options);
+      auto group_store = c10::make_intrusive<c10d::PrefixStore>("group", store_);
+      if (backend == "nccl") {
+        backend_ = make_nccl_backend(group_store, rendezvous, options_.timeout);
+      } else {
+        auto gloo_options = c10d::ProcessGroupGloo::Options::create(options_.timeout);
+        gloo_options->devices.push_back(c10d::ProcessGroupGloo::createDeviceForHostname(
+            rendezvous.file_store.empty() ? rendezvous.master_addr : "127.0.0.1"));
+        backend_.group = c10::make_intrusive<c10d::ProcessGroupGloo>(
+            group_store, rendezvous.rank, rendezvous.world_size, gloo_options);
+        backend_.name = "gloo";
+        backend_.widen_bfloat16 = true;
+      }
     } catch (const c10::Error& error) {
       throw CommunicationError(fmt::format("rank {}: rendezvous failed: {}", rendezvous.rank,
                                            first_line(error.what_without_backtrace())));
@@ -133,7 +140,8 @@ class GlooTransport final : public Transport {
       throw scenarios::InvalidInput(fmt::format("variant '{}' cannot run scenario '{}': {}",
                                                 variant.name, scenario.name, *why));
     }
-    GlooCommunicator comm(group_, rendezvous_.rank, rendezvous_.world_size, options_.timeout);
+    ProcessGroupCommunicator comm(backend_, rendezvous_.rank, rendezvous_.world_size,
+                                  options_.timeout);
     const Observation mine =
         run_rank(variant, scenario, scenario_batches(scenario), comm, options_.fault);
     // Every rank publishes its observation and reads everyone else's.
@@ -159,13 +167,13 @@ class GlooTransport final : public Transport {
 
   int world_size() const override { return rendezvous_.world_size; }
   int rank() const override { return rendezvous_.rank; }
-  std::string kind() const override { return "gloo"; }
+  std::string kind() const override { return backend_.name; }
 
  private:
   Rendezvous rendezvous_;
   RunOptions options_;
   c10::intrusive_ptr<c10d::Store> store_;
-  c10::intrusive_ptr<c10d::ProcessGroupGloo> group_;
+  ProcessGroupBackend backend_;
   long run_index_ = 0;
 };
 
@@ -190,8 +198,18 @@ Rendezvous rendezvous_from_environment() {
   return r;
 }
 
-std::unique_ptr<Transport> make_gloo_transport(const Rendezvous& rendezvous, RunOptions options) {
-  return std::make_unique<GlooTransport>(rendezvous, std::move(options));
+std::unique_ptr<Transport> make_process_group_transport(const Rendezvous& rendezvous,
+                                                        RunOptions options,
+                                                        const std::string& backend) {
+  if (backend != "gloo" && backend != "nccl") {
+    throw scenarios::InvalidInput(fmt::format("unknown backend '{}': expected gloo or nccl", backend));
+  }
+  if (backend == "nccl" && !nccl_compiled_in()) {
+    throw scenarios::InvalidInput(
+        "this gradnorm was built without NCCL: configure with -DGRADNORM_WITH_NCCL=ON against a "
+        "CUDA-enabled LibTorch (see the README)");
+  }
+  return std::make_unique<ProcessGroupTransport>(rendezvous, std::move(options), backend);
 }
 
 }  // namespace gradnorm::harness

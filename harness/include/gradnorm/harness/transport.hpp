@@ -51,15 +51,20 @@ struct Rendezvous {
 // (the torchrun convention); throws InvalidInput naming the missing or malformed variable.
 [[nodiscard]] Rendezvous rendezvous_from_environment();
 
-// This process as one rank of a ProcessGroupGloo on `rendezvous`. Each run's observations
-// are exchanged through the store, so every rank returns the full RankedRun.
-[[nodiscard]] std::unique_ptr<Transport> make_gloo_transport(const Rendezvous& rendezvous,
-                                                             RunOptions options);
+// This process as one rank of a c10d process group on `rendezvous`: backend "gloo", or
+// "nccl" in a build configured with GRADNORM_WITH_NCCL (throws InvalidInput otherwise).
+// Each run's observations are exchanged through the store, so every rank returns the full
+// RankedRun.
+[[nodiscard]] std::unique_ptr<Transport> make_process_group_transport(
+    const Rendezvous& rendezvous, RunOptions options, const std::string& backend = "gloo");
 
 // A 64-bit FNV-1a digest of every number a user sees in the observation (gradients,
 // parameters, grad norms, logged losses, in order) and its error: equal digests mean
 // bit-identical observations, whichever transport produced them.
 [[nodiscard]] std::uint64_t digest(const Observation& observation);
+
+// True in a build configured with GRADNORM_WITH_NCCL (against a CUDA-enabled LibTorch).
+[[nodiscard]] bool nccl_compiled_in();
 
 // Observation <-> bytes (LibTorch pickle for tensors, JSON for the rest).
 [[nodiscard]] std::string serialize(const Observation& observation);
