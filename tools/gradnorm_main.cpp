@@ -31,30 +31,28 @@ constexpr int kExitAsExpected = 0;
 constexpr int kExitUnexpected = 1;
 constexpr int kExitUsage = 2;
 
-std::vector<scenarios::Scenario> pick_scenarios(const std::vector<std::string>& patterns) {
-  if (patterns.empty()) return scenarios::catalogue();
+// The union of what each pattern selects, in the registry's own order; no pattern: all.
+template <typename Item, typename Select>
+std::vector<Item> pick(const std::vector<Item>& all, const std::vector<std::string>& patterns,
+                       Select select) {
+  if (patterns.empty()) return all;
   std::set<std::string> wanted;
   for (const std::string& pattern : patterns) {
-    for (const scenarios::Scenario& s : scenarios::select_scenarios(pattern)) wanted.insert(s.name);
+    for (const Item& item : select(pattern)) wanted.insert(item.name);
   }
-  std::vector<scenarios::Scenario> out;
-  for (const scenarios::Scenario& s : scenarios::catalogue()) {
-    if (wanted.count(s.name)) out.push_back(s);
+  std::vector<Item> out;
+  for (const Item& item : all) {
+    if (wanted.count(item.name)) out.push_back(item);
   }
   return out;
 }
 
+std::vector<scenarios::Scenario> pick_scenarios(const std::vector<std::string>& patterns) {
+  return pick(scenarios::catalogue(), patterns, scenarios::select_scenarios);
+}
+
 std::vector<harness::VariantSpec> pick_variants(const std::vector<std::string>& patterns) {
-  if (patterns.empty()) return harness::variants();
-  std::set<std::string> wanted;
-  for (const std::string& pattern : patterns) {
-    for (const harness::VariantSpec& v : harness::select_variants(pattern)) wanted.insert(v.name);
-  }
-  std::vector<harness::VariantSpec> out;
-  for (const harness::VariantSpec& v : harness::variants()) {
-    if (wanted.count(v.name)) out.push_back(v);
-  }
-  return out;
+  return pick(harness::variants(), patterns, harness::select_variants);
 }
 
 struct RunOptions {

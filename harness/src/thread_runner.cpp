@@ -72,6 +72,13 @@ RankedRun run_in_threads(const VariantSpec& variant, const scenarios::Scenario& 
 
   RankedRun out;
   out.ranks.resize(static_cast<std::size_t>(world));
+  for (int rank = 0; rank < world; ++rank) {
+    // What a rank that never finishes still reports: who it was.
+    Observation& o = out.ranks[static_cast<std::size_t>(rank)];
+    o.scenario = scenario.name;
+    o.variant = variant.name;
+    o.rank = rank;
+  }
   std::mutex input_error_mutex;
   std::optional<std::string> input_error;
   std::vector<std::thread> threads;
