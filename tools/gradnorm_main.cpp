@@ -20,6 +20,7 @@
 #include "gradnorm/reports/report.hpp"
 #include "gradnorm/harness/transport.hpp"
 #include "bench.hpp"
+#include "fuzz.hpp"
 #include "process_supervisor.hpp"
 #include "gradnorm/scenarios/catalogue.hpp"
 
@@ -319,6 +320,13 @@ int main(int argc, char** argv) {
                       "variant name or pattern (repeatable; default: baseline, skip, "
                       "world-size-only, global-prenorm)");
 
+  tools::FuzzOptions fuzz_options;
+  CLI::App* fuzz = app.add_subcommand(
+      "fuzz", "check the harness's properties over many generated scenarios");
+  fuzz->add_option("--cases", fuzz_options.cases, "cases per property (default 1000)")
+      ->check(CLI::Range(1, 100000000));
+  fuzz->add_option("--seed", fuzz_options.seed, "generator seed; the same seed replays the same cases");
+
   tools::BenchOptions bench_options;
   CLI::App* bench = app.add_subcommand(
       "bench", "seconds per scenario and peak memory, ranks as threads and as Gloo processes");
@@ -349,6 +357,7 @@ int main(int argc, char** argv) {
     if (*show) return show_command(show_name);
     if (*explain) return explain_command(explain_name, explain_variants);
     if (*bench) return tools::bench_command(bench_options);
+    if (*fuzz) return tools::fuzz_command(fuzz_options);
     if (*bench_one) return tools::bench_one_command(one_launcher, one_ranks, one_repeat, one_out);
   } catch (const scenarios::InvalidInput& error) {
     fmt::print(stderr, "gradnorm: {}\n", error.what());

@@ -89,6 +89,29 @@ TEST(Cli, NoSubcommandIsAUsageError) {
   EXPECT_EQ(r.exit_code, 2) << explain(args, r);
 }
 
+TEST(Cli, FuzzRunsEveryPropertyAndReplaysFromItsSeed) {
+  const std::vector<std::string> args = {"fuzz", "--cases", "5", "--seed", "3"};
+  const CliResult first = run_cli(args);
+  EXPECT_EQ(first.exit_code, 0) << explain(args, first);
+  EXPECT_TRUE(contains(first.output, "every property held")) << explain(args, first);
+  EXPECT_TRUE(contains(first.output, "skip passes iff ranks are balanced")) << explain(args, first);
+  EXPECT_EQ(run_cli(args).output, first.output);
+}
+
+TEST(Cli, FuzzRejectsZeroCases) {
+  const std::vector<std::string> args = {"fuzz", "--cases", "0"};
+  const CliResult r = run_cli(args);
+  EXPECT_EQ(r.exit_code, 2) << explain(args, r);
+}
+
+TEST(Cli, ExplainPrintsPerRankWeights) {
+  const std::vector<std::string> args = {"explain", "dist/5-3/float64", "-v", "skip"};
+  const CliResult r = run_cli(args);
+  EXPECT_EQ(r.exit_code, 0) << explain(args, r);
+  EXPECT_TRUE(contains(r.output, "0.166667")) << explain(args, r);
+  EXPECT_TRUE(contains(r.output, "weights rel L2 error 0.2582")) << explain(args, r);
+}
+
 TEST(Cli, UnknownVariantIsAUsageErrorNamingIt) {
   const std::vector<std::string> args = {"run", "--variant", "nope"};
   const CliResult r = run_cli(args);

@@ -50,4 +50,24 @@ inline rc::Gen<Scenario> single_device_scenarios(GeneratorOptions o = {}) {
   });
 }
 
+// Ragged ranks: world size 2 to 4, accumulation 1, every rank holding at least one token,
+// float64 throughout (so per-token weights can be compared to 1e-7).
+inline rc::Gen<Scenario> ragged_rank_scenarios() {
+  return rc::gen::exec([] {
+    Scenario s;
+    s.name = "generated-ranks";
+    s.world_size = *rc::gen::inRange(2, 5);
+    s.accumulation_steps = 1;
+    s.micro_batch_size = *rc::gen::inRange(1, 3);
+    s.sequence_length = *rc::gen::inRange(2, 8);
+    s.dtype = DType::float64;
+    s.valid_tokens.clear();
+    for (int rank = 0; rank < s.world_size; ++rank) {
+      s.valid_tokens.push_back({*rc::gen::inRange(1, s.micro_batch_capacity() + 1)});
+    }
+    s.seed = *rc::gen::inRange<std::uint64_t>(0, 1u << 20);
+    return s;
+  });
+}
+
 }  // namespace gradnorm::scenarios

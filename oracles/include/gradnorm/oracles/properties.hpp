@@ -1,0 +1,108 @@
+#pragma once
+// The harness's properties, written once for rapidcheck: ctest runs them with a bounded,
+// seeded number of cases; `gradnorm fuzz` runs them for as long as asked. Header-only so
+// the oracles library itself does not depend on rapidcheck. Each takes a generated scenario
+// and fails through RC_ASSERT, logging the verdict so a counter-example explains itself.
+
+#include <rapidcheck.h>
+
+#include <cmath>
+#include <string>
+
+#include "gradnorm/harness/runner.hpp"
+#include "gradnorm/oracles/oracle.hpp"
+#include "gradnorm/oracles/token_weights.hpp"
+#include "gradnorm/oracles/verdict.hpp"
+
+namespace gradnorm::oracles::properties {
+
+inline Verdict judge_variant(const scenarios::Scenario& s, const std::string& name) {
+  const harness::VariantSpec& v = harness::find_variant(name);
+  const harness::RankedRun run = harness::run_in_threads(v, s);
+  const harness::RankedRun reference = harness::run_in_threads(harness::find_variant(v.reference), s);
+  const Verdict verdict = judge_ranks(s, run, run_oracle(s, harness::model_config_for(v, s)), reference);
+  RC_LOG() << name << ": " << to_string(verdict.kind) << " (" << verdict.outcome << ")";
+  for (const std::string& reason : verdict.reasons) RC_LOG() << "; " << reason;
+  RC_LOG() << "\n";
+  return verdict;
+}
+
+inline bool has_empty_micro_batch(const scenarios::Scenario& s) {
+  for (const auto& row : s.valid_tokens) {
+    for (int count : row) {
+      if (count == 0) return true;
+    }
+  }
+  return false;
+}
+
+// Today's recipe agrees with the oracle on any window with tokens, except for what an
+// all-masked micro-batch does to it: with a mean-forming loss only the logged loss goes
+// wrong (NaN * 0 in running_loss); with a graph-less zero, backward raises. With no token at
+// all the step must signal an error.
+inline void baseline_agrees_with_the_oracle(const scenarios::Scenario& s) {
+  const Verdict v = judge_variant(s, "baseline");
+  if (s.global_token_count() == 0) {
+    RC_ASSERT(v.kind == VerdictKind::expected_error);
+  } else if (!has_empty_micro_batch(s)) {
+    RC_ASSERT(v.kind == VerdictKind::pass);
+  } else if (s.loss == scenarios::LossKind::linear_ce) {
+    RC_ASSERT(v.kind == VerdictKind::error_mismatch);
+  } else {
+    RC_ASSERT(v.kind == VerdictKind::fail);
+    for (const std::string& reason : v.reasons) {
+      RC_ASSERT(reason.find("logged loss") != std::string::npos);
+    }
+  }
+}
+
+// The pull request's claim on one device: skip agrees with the oracle whenever every
+// micro-batch holds a token.
+inline void skip_agrees_on_one_device(const scenarios::Scenario& s) {
+  RC_PRE(s.world_size == 1 && !has_empty_micro_batch(s));
+  RC_ASSERT(judge_variant(s, "skip").kind == VerdictKind::pass);
+}
+
+// Negative control for both: a dropped scale W/N is flagged exactly when it is not 1.
+inline void dropped_scale_flagged_exactly_when_visible(const scenarios::Scenario& s) {
+  RC_PRE(!has_empty_micro_batch(s));
+  const Verdict v = judge_variant(s, "broken/scale-pass-dropped");
+  const bool visible = s.global_token_count() != s.world_size;
+  RC_CLASSIFY(visible, "N != W");
+  RC_ASSERT((v.kind == VerdictKind::fail) == visible);
+  RC_ASSERT((v.kind == VerdictKind::pass) == !visible);
+}
+
+// DESIGN.md §1 read off the token-weight probe: a token on rank r weighs 1/N under
+// baseline and global-prenorm, 1/(W n_r) under skip, 1/n_r under world-size-only.
+inline void token_weights_follow_the_arithmetic(const scenarios::Scenario& s) {
+  const double n = static_cast<double>(s.global_token_count());
+  const double w = static_cast<double>(s.world_size);
+  for (const std::string variant : {"baseline", "skip", "world-size-only", "global-prenorm"}) {
+    const TokenWeightReport report = probe_token_weights(s, harness::find_variant(variant));
+    RC_ASSERT(report.outcome == std::string("ok"));
+    for (const RankTokenWeights& rank : report.ranks) {
+      const double n_r = static_cast<double>(rank.tokens);
+      const double expected = variant == "skip"              ? 1.0 / (w * n_r)
+                              : variant == "world-size-only" ? 1.0 / n_r
+                                                             : 1.0 / n;
+      for (double weight : rank.weights) {
+        // float64 gradients; the baseline's scale W/N is a float32 scalar (2^-24 relative).
+        RC_ASSERT(std::abs(weight - expected) <= 1e-7 * expected);
+      }
+    }
+  }
+}
+
+// Skip agrees with the oracle exactly when every rank holds the same count (DESIGN.md §1),
+// measured on the probe model where per-token gradients cannot cancel.
+inline void skip_passes_iff_ranks_are_balanced(const scenarios::Scenario& s) {
+  bool balanced = true;
+  for (const auto& row : s.valid_tokens) balanced = balanced && row == s.valid_tokens.front();
+  RC_CLASSIFY(balanced, "balanced");
+  scenarios::Scenario probe = s;
+  probe.model = scenarios::ModelKind::token_probe;
+  RC_ASSERT((judge_variant(probe, "skip").kind == VerdictKind::pass) == balanced);
+}
+
+}  // namespace gradnorm::oracles::properties

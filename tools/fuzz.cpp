@@ -1,0 +1,44 @@
+#include "fuzz.hpp"
+
+#include <fmt/format.h>
+#include <rapidcheck.h>
+
+#include <cstdlib>
+
+#include "gradnorm/harness/determinism.hpp"
+#include "gradnorm/oracles/properties.hpp"
+#include "gradnorm/scenarios/generators.hpp"
+
+namespace gradnorm::tools {
+
+int fuzz_command(const FuzzOptions& options) {
+  // rapidcheck reads its configuration once, from RC_PARAMS, at its first use.
+  const std::string params = fmt::format("seed={} max_success={}", options.seed, options.cases);
+  setenv("RC_PARAMS", params.c_str(), 1);
+  fmt::print("gradnorm fuzz: {} cases per property, seed {} (replay with the same flags)\n",
+             options.cases, options.seed);
+  std::fflush(stdout);
+  harness::DeterminismGuard guard;
+  namespace p = oracles::properties;
+  using scenarios::GeneratorOptions;
+  bool held = true;
+  held &= rc::check("baseline agrees with the oracle on one device", [] {
+    p::baseline_agrees_with_the_oracle(*scenarios::single_device_scenarios());
+  });
+  held &= rc::check("skip agrees on one device when every micro-batch holds a token", [] {
+    p::skip_agrees_on_one_device(*scenarios::single_device_scenarios(GeneratorOptions{.min_count = 1}));
+  });
+  held &= rc::check("a dropped scale pass is flagged exactly when W/N != 1", [] {
+    p::dropped_scale_flagged_exactly_when_visible(*scenarios::ragged_rank_scenarios());
+  });
+  held &= rc::check("token weights follow the arithmetic on ragged ranks", [] {
+    p::token_weights_follow_the_arithmetic(*scenarios::ragged_rank_scenarios());
+  });
+  held &= rc::check("skip passes iff ranks are balanced", [] {
+    p::skip_passes_iff_ranks_are_balanced(*scenarios::ragged_rank_scenarios());
+  });
+  fmt::print("{}\n", held ? "every property held" : "a property failed: see the counter-example above");
+  return held ? 0 : 1;
+}
+
+}  // namespace gradnorm::tools

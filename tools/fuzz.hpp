@@ -1,0 +1,17 @@
+#pragma once
+// `gradnorm fuzz`: the harness's properties (oracles/properties.hpp) over many generated
+// scenarios; what ctest runs bounded, run for as long as asked.
+
+#include <cstdint>
+
+namespace gradnorm::tools {
+
+struct FuzzOptions {
+  int cases = 1000;         // per property
+  std::uint64_t seed = 1;   // the same seed replays the same scenarios
+};
+
+// 0 when every property held; 1 with the smallest counter-example printed as a scenario.
+int fuzz_command(const FuzzOptions& options);
+
+}  // namespace gradnorm::tools
