@@ -74,20 +74,28 @@ std::chrono::milliseconds timeout_of(const RunOptions& options) {
   return std::chrono::milliseconds(static_cast<long>(options.timeout_seconds * 1000));
 }
 
-// The same command line for a rank process, with "--launcher env".
+// The same command line for a rank process, with "--launcher env" (added when --nproc
+// alone chose processes, so a rank never starts ranks of its own).
 std::vector<std::string> rank_arguments(int argc, char** argv) {
   std::vector<std::string> out;
+  bool launcher_given = false;
   for (int i = 1; i < argc; ++i) {
     const std::string arg = argv[i];
     if (arg == "--launcher" && i + 1 < argc) {
       out.push_back(arg);
       out.push_back("env");
+      launcher_given = true;
       ++i;
     } else if (arg.rfind("--launcher=", 0) == 0) {
       out.push_back("--launcher=env");
+      launcher_given = true;
     } else {
       out.push_back(arg);
     }
+  }
+  if (!launcher_given) {
+    out.push_back("--launcher");
+    out.push_back("env");
   }
   return out;
 }
@@ -290,8 +298,8 @@ int main(int argc, char** argv) {
                   "GRADNORM_WITH_NCCL against a CUDA LibTorch)")
       ->check(CLI::IsMember({"gloo", "nccl"}));
   run->add_option("--nproc", run_options.processes,
-                  "ranks for --launcher processes; runs the selected scenarios with that world "
-                  "size")
+                  "ranks as W processes over c10d Gloo (implies --launcher processes); runs the "
+                  "selected scenarios with that world size")
       ->check(CLI::Range(1, 1024));
   run->add_option("--timeout", run_options.timeout_seconds,
                   "seconds a rank may wait for its peers in one collective (default 60)")
@@ -344,6 +352,13 @@ int main(int argc, char** argv) {
   bench_one->add_option("ranks", one_ranks)->required();
   bench_one->add_option("repeat", one_repeat)->required();
   bench_one->add_option("out", one_out)->required();
+
+  // --nproc W alone means ranks as W Gloo processes: one flag from threads to processes.
+  run->callback([&] {
+    if (run->count("--nproc") > 0 && run->count("--launcher") == 0) {
+      run_options.launcher = "processes";
+    }
+  });
 
   try {
     app.parse(argc, argv);

@@ -162,6 +162,25 @@ TEST(Cli, NegativeControlsAreCaught) {
   EXPECT_TRUE(contains(r.output, "caught")) << explain(args, r);
 }
 
+// One flag from threads to Gloo processes: --nproc alone launches the ranks.
+TEST(Cli, NprocAloneRunsRanksAsGlooProcesses) {
+  TemporaryDirectory folder;
+  const std::string path = (folder.path() / "report.json").string();
+  const std::vector<std::string> args = {"run", "--nproc", "2", "--scenario", "dist/4-4/float32",
+                                         "--variant", "baseline", "--json", path};
+  const CliResult r = run_cli(args);
+  ASSERT_EQ(r.exit_code, 0) << explain(args, r);
+  const nlohmann::json report = nlohmann::json::parse(read_file(path));
+  EXPECT_EQ(report["settings"]["transport"], "gloo processes x 2");
+  ASSERT_EQ(report["records"].size(), 1u);
+  EXPECT_EQ(report["records"][0]["verdict"], "pass");
+  // Negative control: without --nproc the same run is threads.
+  const std::vector<std::string> threads = {"run", "--scenario", "dist/4-4/float32", "--variant",
+                                            "baseline", "--json", path};
+  ASSERT_EQ(run_cli(threads).exit_code, 0);
+  EXPECT_EQ(nlohmann::json::parse(read_file(path))["settings"]["transport"], "threads");
+}
+
 TEST(Cli, JsonReportHasOneRecordPerVariantAndIsReproducible) {
   TemporaryDirectory folder;
   const std::string first = (folder.path() / "first.json").string();
