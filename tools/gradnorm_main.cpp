@@ -23,6 +23,7 @@
 #include "fuzz.hpp"
 #include "process_supervisor.hpp"
 #include "gradnorm/scenarios/catalogue.hpp"
+#include "gradnorm/scenarios/scenario_file.hpp"
 
 namespace {
 
@@ -48,8 +49,37 @@ std::vector<Item> pick(const std::vector<Item>& all, const std::vector<std::stri
   return out;
 }
 
-std::vector<scenarios::Scenario> pick_scenarios(const std::vector<std::string>& patterns) {
-  return pick(scenarios::catalogue(), patterns, scenarios::select_scenarios);
+// The catalogue plus every scenario file; only the files' scenarios when files are given
+// and no pattern is.
+std::vector<scenarios::Scenario> scenario_pool(const std::vector<std::string>& files,
+                                               bool files_only) {
+  std::vector<scenarios::Scenario> pool;
+  if (!files_only) pool = scenarios::catalogue();
+  for (const std::string& file : files) {
+    for (scenarios::Scenario& s : scenarios::load_scenario_file(file)) {
+      for (const scenarios::Scenario& known : pool) {
+        if (known.name == s.name) {
+          throw scenarios::InvalidInput(fmt::format(
+              "{}: scenario '{}' is already defined (catalogue or an earlier file)", file, s.name));
+        }
+      }
+      pool.push_back(std::move(s));
+    }
+  }
+  return pool;
+}
+
+std::vector<scenarios::Scenario> pick_scenarios(const std::vector<std::string>& patterns,
+                                                const std::vector<std::string>& files) {
+  const auto pool = scenario_pool(files, patterns.empty() && !files.empty());
+  return pick(pool, patterns, [&pool](std::string_view pattern) {
+    return scenarios::select_scenarios(pool, pattern);
+  });
+}
+
+const scenarios::Scenario& find_named(const std::vector<scenarios::Scenario>& pool,
+                                      const std::string& name) {
+  return scenarios::find_scenario(pool, name);
 }
 
 std::vector<harness::VariantSpec> pick_variants(const std::vector<std::string>& patterns) {
@@ -68,6 +98,7 @@ struct RunOptions {
   double timeout_seconds = 60;
   std::string fault;
   std::string backend = "gloo";
+  std::vector<std::string> scenario_files;
 };
 
 std::chrono::milliseconds timeout_of(const RunOptions& options) {
@@ -142,7 +173,7 @@ int report(const oracles::Evaluation& evaluation, const RunOptions& options,
 }
 
 int run_command(const RunOptions& options, int argc, char** argv) {
-  auto scenario_list = pick_scenarios(options.scenario_patterns);
+  auto scenario_list = pick_scenarios(options.scenario_patterns, options.scenario_files);
   const auto variant_list = pick_variants(options.variant_patterns);
   harness::RunOptions run_options;
   run_options.timeout = timeout_of(options);
@@ -206,8 +237,9 @@ int list_command(bool scenarios_only, bool variants_only) {
   return kExitAsExpected;
 }
 
-int show_command(const std::string& name) {
-  const scenarios::Scenario& s = scenarios::find_scenario(name);
+int show_command(const std::string& name, const std::vector<std::string>& files) {
+  const auto pool = scenario_pool(files, false);
+  const scenarios::Scenario& s = find_named(pool, name);
   fmt::print("{}\n", scenarios::describe(s));
   fmt::print("N = {} valid tokens; per rank:", s.global_token_count());
   for (int rank = 0; rank < s.world_size; ++rank) fmt::print(" {}", s.rank_token_count(rank));
@@ -233,8 +265,10 @@ std::string weight_range(const std::vector<double>& weights) {
   return fmt::format("{:.6g} .. {:.6g}", *low, *high);
 }
 
-int explain_command(const std::string& name, const std::vector<std::string>& variant_patterns) {
-  const scenarios::Scenario& s = scenarios::find_scenario(name);
+int explain_command(const std::string& name, const std::vector<std::string>& variant_patterns,
+                    const std::vector<std::string>& files) {
+  const auto pool = scenario_pool(files, false);
+  const scenarios::Scenario& s = find_named(pool, name);
   std::vector<std::string> patterns = variant_patterns;
   if (patterns.empty()) patterns = {"baseline", "skip", "world-size-only", "global-prenorm"};
   const auto variant_list = pick_variants(patterns);
@@ -283,6 +317,9 @@ int main(int argc, char** argv) {
   CLI::App* run = app.add_subcommand("run", "run scenarios x variants and print the verdicts");
   run->add_option("--scenario,-s", run_options.scenario_patterns,
                   "scenario name or shell pattern (repeatable; default: the whole catalogue)");
+  run->add_option("--scenario-file,-f", run_options.scenario_files,
+                  "TOML file of [[scenario]] tables (repeatable); alone, runs only its scenarios")
+      ->check(CLI::ExistingFile);
   run->add_option("--variant,-v", run_options.variant_patterns,
                   "variant name or shell pattern (repeatable; default: every variant)");
   run->add_option("--json", run_options.json_path, "write one JSON record per row to PATH");
@@ -318,12 +355,18 @@ int main(int argc, char** argv) {
   std::string show_name;
   CLI::App* show = app.add_subcommand("show", "describe one scenario and its oracle");
   show->add_option("scenario", show_name, "scenario name")->required();
+  std::vector<std::string> show_files;
+  show->add_option("--scenario-file,-f", show_files, "TOML scenario file (repeatable)")
+      ->check(CLI::ExistingFile);
 
   std::string explain_name;
   std::vector<std::string> explain_variants;
   CLI::App* explain = app.add_subcommand(
       "explain", "print each variant's effective per-token weight, per rank, against 1/N");
   explain->add_option("scenario", explain_name, "scenario name")->required();
+  std::vector<std::string> explain_files;
+  explain->add_option("--scenario-file,-f", explain_files, "TOML scenario file (repeatable)")
+      ->check(CLI::ExistingFile);
   explain->add_option("--variant,-v", explain_variants,
                       "variant name or pattern (repeatable; default: baseline, skip, "
                       "world-size-only, global-prenorm)");
@@ -369,8 +412,8 @@ int main(int argc, char** argv) {
   try {
     if (*run) return run_command(run_options, argc, argv);
     if (*list) return list_command(scenarios_only, variants_only);
-    if (*show) return show_command(show_name);
-    if (*explain) return explain_command(explain_name, explain_variants);
+    if (*show) return show_command(show_name, show_files);
+    if (*explain) return explain_command(explain_name, explain_variants, explain_files);
     if (*bench) return tools::bench_command(bench_options);
     if (*fuzz) return tools::fuzz_command(fuzz_options);
     if (*bench_one) return tools::bench_one_command(one_launcher, one_ranks, one_repeat, one_out);

@@ -232,9 +232,15 @@ const std::vector<Scenario>& catalogue() {
   return scenarios;
 }
 
-const Scenario& find_scenario(std::string_view name) {
+const Scenario& find_scenario(std::string_view name) { return find_scenario(catalogue(), name); }
+
+std::vector<Scenario> select_scenarios(std::string_view pattern) {
+  return select_scenarios(catalogue(), pattern);
+}
+
+const Scenario& find_scenario(const std::vector<Scenario>& pool, std::string_view name) {
   std::vector<std::string_view> near;
-  for (const Scenario& s : catalogue()) {
+  for (const Scenario& s : pool) {
     if (s.name == name) return s;
     const auto slash = name.find('/');
     if (s.name.compare(0, slash == std::string_view::npos ? name.size() : slash,
@@ -249,14 +255,14 @@ const Scenario& find_scenario(std::string_view name) {
                                                             fmt::join(near, ", "))));
 }
 
-std::vector<Scenario> select_scenarios(std::string_view pattern) {
+std::vector<Scenario> select_scenarios(const std::vector<Scenario>& pool, std::string_view pattern) {
   const std::string text(pattern);
   std::vector<Scenario> out;
-  for (const Scenario& s : catalogue()) {
+  for (const Scenario& s : pool) {
     if (s.name == text || fnmatch(text.c_str(), s.name.c_str(), 0) == 0) out.push_back(s);
   }
   if (out.empty()) {
-    (void)find_scenario(pattern);  // throws with suggestions
+    (void)find_scenario(pool, pattern);  // throws with suggestions
   }
   return out;
 }

@@ -89,6 +89,25 @@ TEST(Cli, NoSubcommandIsAUsageError) {
   EXPECT_EQ(r.exit_code, 2) << explain(args, r);
 }
 
+TEST(Cli, ScenarioFileRunsItsScenariosAndRejectsTypos) {
+  TemporaryDirectory folder;
+  const std::string good = (folder.path() / "good.toml").string();
+  std::ofstream(good) << "[[scenario]]\nname = \"mine/6-2\"\nvalid_tokens = [[6], [2]]\n"
+                         "[[scenario.expect]]\nvariant = \"skip\"\nverdict = \"fail\"\n"
+                         "reason = \"ragged ranks\"\n";
+  const std::vector<std::string> args = {"run", "-f", good, "-v", "baseline", "-v", "skip"};
+  const CliResult r = run_cli(args);
+  EXPECT_EQ(r.exit_code, 0) << explain(args, r);
+  EXPECT_TRUE(contains(r.output, "mine/6-2")) << explain(args, r);
+  EXPECT_TRUE(contains(r.output, "2 rows")) << explain(args, r);
+  const std::string bad = (folder.path() / "bad.toml").string();
+  std::ofstream(bad) << "[[scenario]]\nname = \"x\"\nvalid_tokns = [[1]]\n";
+  const std::vector<std::string> bad_args = {"run", "-f", bad};
+  const CliResult rejected = run_cli(bad_args);
+  EXPECT_EQ(rejected.exit_code, 2) << explain(bad_args, rejected);
+  EXPECT_TRUE(contains(rejected.output, "valid_tokns is not a scenario field")) << explain(bad_args, rejected);
+}
+
 TEST(Cli, FuzzRunsEveryPropertyAndReplaysFromItsSeed) {
   const std::vector<std::string> args = {"fuzz", "--cases", "5", "--seed", "3"};
   const CliResult first = run_cli(args);

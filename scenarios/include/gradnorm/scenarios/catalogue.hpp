@@ -19,4 +19,9 @@ namespace gradnorm::scenarios {
 // name matches itself. Throws InvalidInput when nothing matches.
 [[nodiscard]] std::vector<Scenario> select_scenarios(std::string_view pattern);
 
+// The same over another pool (the catalogue plus scenario files, say).
+[[nodiscard]] const Scenario& find_scenario(const std::vector<Scenario>& pool, std::string_view name);
+[[nodiscard]] std::vector<Scenario> select_scenarios(const std::vector<Scenario>& pool,
+                                                     std::string_view pattern);
+
 }  // namespace gradnorm::scenarios

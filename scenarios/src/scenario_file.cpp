@@ -1,0 +1,213 @@
+#include "gradnorm/scenarios/scenario_file.hpp"
+
+#include <fmt/format.h>
+#include <fmt/ranges.h>
+#include <toml++/toml.h>
+
+#include <fstream>
+#include <set>
+#include <sstream>
+
+namespace gradnorm::scenarios {
+namespace {
+
+class Reader {
+ public:
+  Reader(const toml::table& table, std::string where) : table_(table), where_(std::move(where)) {}
+
+  [[noreturn]] void fail(std::string_view key, const std::string& detail) const {
+    throw InvalidInput(fmt::format("{}: {} {}", where_, key, detail));
+  }
+
+  template <typename T>
+  void read(std::string_view key, T& out, std::string_view expected) {
+    used_.insert(std::string(key));
+    const toml::node* node = table_.get(key);
+    if (node == nullptr) return;
+    const std::optional<T> value = node->value_exact<T>();
+    if (!value) fail(key, fmt::format("must be {}", expected));
+    out = *value;
+  }
+
+  void read_int(std::string_view key, int& out) {
+    std::int64_t value = out;
+    read(key, value, "an integer");
+    if (value < std::numeric_limits<int>::min() || value > std::numeric_limits<int>::max()) {
+      fail(key, fmt::format("is out of range: {}", value));
+    }
+    out = static_cast<int>(value);
+  }
+
+  void read_double(std::string_view key, double& out) {
+    used_.insert(std::string(key));
+    const toml::node* node = table_.get(key);
+    if (node == nullptr) return;
+    if (auto v = node->value_exact<double>()) {
+      out = *v;
+    } else if (auto i = node->value_exact<std::int64_t>()) {
+      out = static_cast<double>(*i);
+    } else {
+      fail(key, "must be a number");
+    }
+  }
+
+  template <typename Enum>
+  void read_enum(std::string_view key, Enum& out, Enum (*parse)(std::string_view)) {
+    std::string text;
+    read(key, text, "a string");
+    if (text.empty()) return;
+    try {
+      out = parse(text);
+    } catch (const InvalidInput& error) {
+      fail(key, fmt::format("is invalid: {}", error.what()));
+    }
+  }
+
+  [[nodiscard]] const toml::node* node(std::string_view key) {
+    used_.insert(std::string(key));
+    return table_.get(key);
+  }
+
+  // Keys nobody asked for are typos: reject them by name.
+  void reject_unknown() const {
+    for (const auto& [key, value] : table_) {
+      if (!used_.count(std::string(key.str()))) {
+        std::vector<std::string> known(used_.begin(), used_.end());
+        fail(key.str(), fmt::format("is not a scenario field (known: {})", fmt::join(known, ", ")));
+      }
+    }
+  }
+
+ private:
+  const toml::table& table_;
+  std::string where_;
+  std::set<std::string> used_;
+};
+
+Scenario read_scenario(const toml::table& table, const std::string& where) {
+  Scenario s;
+  Reader r(table, where);
+  r.read(std::string_view("name"), s.name, "a string");
+  r.read_int("world_size", s.world_size);
+  r.read_int("accumulation_steps", s.accumulation_steps);
+  r.read_int("micro_batch_size", s.micro_batch_size);
+  r.read_int("sequence_length", s.sequence_length);
+  r.read_int("vocab_size", s.vocab_size);
+  r.read_int("hidden_size", s.hidden_size);
+  r.read_int("lora_rank", s.lora_rank);
+  r.read_int("loss_chunks", s.loss_chunks);
+  r.read_int("steps", s.steps);
+  r.read_enum("mask", s.mask, parse_mask_pattern);
+  r.read_enum("dtype", s.dtype, parse_dtype);
+  r.read_enum("model", s.model, parse_model_kind);
+  r.read_enum("loss", s.loss, parse_loss_kind);
+  r.read_enum("optimizer", s.optimizer, parse_optimizer_kind);
+  r.read_enum("rank_average", s.rank_average, parse_rank_average);
+  r.read_double("learning_rate", s.learning_rate);
+  r.read_double("momentum", s.momentum);
+  r.read_double("weight_decay", s.weight_decay);
+  r.read(std::string_view("optimizer_in_backward"), s.optimizer_in_backward, "true or false");
+  std::int64_t seed = static_cast<std::int64_t>(s.seed);
+  r.read(std::string_view("seed"), seed, "an integer");
+  if (seed < 0) r.fail("seed", fmt::format("must be >= 0, got {}", seed));
+  s.seed = static_cast<std::uint64_t>(seed);
+  if (const toml::node* clip = r.node("clip_max_norm")) {
+    if (auto v = clip->value<double>()) {
+      s.clip_max_norm = *v;
+    } else {
+      r.fail("clip_max_norm", "must be a number");
+    }
+  }
+  if (const toml::node* counts = r.node("valid_tokens")) {
+    const toml::array* ranks = counts->as_array();
+    if (ranks == nullptr) r.fail("valid_tokens", "must be an array of arrays, e.g. [[5], [3]]");
+    s.valid_tokens.clear();
+    for (const toml::node& rank : *ranks) {
+      const toml::array* micro = rank.as_array();
+      if (micro == nullptr) r.fail("valid_tokens", "must be an array of arrays, e.g. [[5], [3]]");
+      std::vector<int> row;
+      for (const toml::node& count : *micro) {
+        const std::optional<std::int64_t> value = count.value_exact<std::int64_t>();
+        if (!value) r.fail("valid_tokens", "must hold integers");
+        row.push_back(static_cast<int>(*value));
+      }
+      s.valid_tokens.push_back(std::move(row));
+    }
+  }
+  if (const toml::node* expect = r.node("expect")) {
+    const toml::array* list = expect->as_array();
+    if (list == nullptr) r.fail("expect", "must be an array of tables ([[scenario.expect]])");
+    for (const toml::node& entry : *list) {
+      const toml::table* e = entry.as_table();
+      if (e == nullptr) r.fail("expect", "must be an array of tables ([[scenario.expect]])");
+      ExpectedVerdict finding;
+      Reader er(*e, where + " expect");
+      er.read(std::string_view("variant"), finding.variant_pattern, "a string");
+      er.read(std::string_view("verdict"), finding.verdict, "a string");
+      er.read(std::string_view("reason"), finding.reason, "a string");
+      er.reject_unknown();
+      s.expected_verdicts.push_back(std::move(finding));
+    }
+  }
+  r.reject_unknown();
+  return s;
+}
+
+}  // namespace
+
+std::vector<Scenario> parse_scenarios(const std::string& text, const std::string& source) {
+  toml::table root;
+  try {
+    root = toml::parse(text, source);
+  } catch (const toml::parse_error& error) {
+    const auto& where = error.source().begin;
+    throw InvalidInput(fmt::format("{}:{}:{}: not valid TOML: {}", source, where.line,
+                                   where.column, error.description()));
+  }
+  for (const auto& [key, value] : root) {
+    if (key.str() != "scenario") {
+      throw InvalidInput(fmt::format("{}: unexpected top-level key '{}': scenarios go in "
+                                     "[[scenario]] tables",
+                                     source, key.str()));
+    }
+  }
+  const toml::array* list = root["scenario"].as_array();
+  if (list == nullptr || list->empty()) {
+    throw InvalidInput(fmt::format("{}: no [[scenario]] table", source));
+  }
+  std::vector<Scenario> out;
+  std::set<std::string> names;
+  for (std::size_t i = 0; i < list->size(); ++i) {
+    const toml::table* table = (*list)[i].as_table();
+    if (table == nullptr) throw InvalidInput(fmt::format("{}: scenario #{} is not a table", source, i + 1));
+    Scenario s = read_scenario(*table, fmt::format("{}: scenario #{}", source, i + 1));
+    if (s.name.empty()) {
+      throw InvalidInput(fmt::format("{}: scenario #{}: name is missing", source, i + 1));
+    }
+    // A counts table sets the window shape when the shape is not given explicitly.
+    if (!table->contains("world_size")) s.world_size = static_cast<int>(s.valid_tokens.size());
+    if (!table->contains("accumulation_steps") && !s.valid_tokens.empty()) {
+      s.accumulation_steps = static_cast<int>(s.valid_tokens.front().size());
+    }
+    try {
+      validate(s);
+    } catch (const InvalidInput& error) {
+      throw InvalidInput(fmt::format("{}: {}", source, error.what()));
+    }
+    if (!names.insert(s.name).second) {
+      throw InvalidInput(fmt::format("{}: scenario name '{}' appears twice", source, s.name));
+    }
+    out.push_back(std::move(s));
+  }
+  return out;
+}
+
+std::vector<Scenario> load_scenario_file(const std::string& path) {
+  std::ifstream file(path);
+  if (!file) throw InvalidInput(fmt::format("cannot read scenario file '{}'", path));
+  std::stringstream text;
+  text << file.rdbuf();
+  return parse_scenarios(text.str(), path);
+}
+
+}  // namespace gradnorm::scenarios

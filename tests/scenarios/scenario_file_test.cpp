@@ -1,0 +1,94 @@
+#include <gtest/gtest.h>
+
+#include <string>
+
+#include "gradnorm/scenarios/scenario_file.hpp"
+
+namespace gradnorm::scenarios {
+namespace {
+
+::testing::AssertionResult rejects(const std::string& text, const std::string& needle) {
+  try {
+    (void)parse_scenarios(text, "test.toml");
+  } catch (const InvalidInput& error) {
+    if (std::string(error.what()).find(needle) != std::string::npos) {
+      return ::testing::AssertionSuccess();
+    }
+    return ::testing::AssertionFailure() << "message lacks '" << needle << "': " << error.what();
+  }
+  return ::testing::AssertionFailure() << "accepted:\n" << text;
+}
+
+TEST(ScenarioFile, ReadsFieldsAndInfersTheWindowFromTheCounts) {
+  const auto list = parse_scenarios(R"(
+[[scenario]]
+name = "mine/5-3"
+valid_tokens = [[5, 1], [3, 2]]
+dtype = "bfloat16"
+loss = "chunked_ce"
+rank_average = "divide_before_sum"
+clip_max_norm = 1
+learning_rate = 0.25
+seed = 42
+[[scenario.expect]]
+variant = "skip"
+verdict = "fail"
+reason = "ragged"
+)",
+                                    "test.toml");
+  ASSERT_EQ(list.size(), 1u);
+  const Scenario& s = list[0];
+  EXPECT_EQ(s.name, "mine/5-3");
+  EXPECT_EQ(s.world_size, 2);
+  EXPECT_EQ(s.accumulation_steps, 2);
+  EXPECT_EQ(s.global_token_count(), 11);
+  EXPECT_EQ(s.dtype, DType::bfloat16);
+  EXPECT_EQ(s.loss, LossKind::chunked_ce);
+  EXPECT_EQ(s.rank_average, RankAverage::divide_before_sum);
+  ASSERT_TRUE(s.clip_max_norm);
+  EXPECT_EQ(*s.clip_max_norm, 1.0);
+  EXPECT_EQ(s.learning_rate, 0.25);
+  EXPECT_EQ(s.seed, 42u);
+  ASSERT_EQ(s.expected_verdicts.size(), 1u);
+  EXPECT_EQ(s.expected_verdicts[0].verdict, "fail");
+  // Untouched fields keep the defaults.
+  EXPECT_EQ(s.vocab_size, Scenario{}.vocab_size);
+}
+
+TEST(ScenarioFile, RejectsATypoByName) {
+  EXPECT_TRUE(rejects("[[scenario]]\nname = \"x\"\nworld_sise = 2\n", "world_sise is not a scenario field"));
+}
+
+TEST(ScenarioFile, RejectsAWrongType) {
+  EXPECT_TRUE(rejects("[[scenario]]\nname = \"x\"\ndtype = 3\n", "dtype must be a string"));
+  EXPECT_TRUE(rejects("[[scenario]]\nname = \"x\"\nsteps = 1.5\n", "steps must be an integer"));
+  EXPECT_TRUE(rejects("[[scenario]]\nname = \"x\"\nvalid_tokens = [5]\n", "valid_tokens must be an array of arrays"));
+}
+
+TEST(ScenarioFile, RejectsAnUnknownEnumValueListingTheChoices) {
+  EXPECT_TRUE(rejects("[[scenario]]\nname = \"x\"\ndtype = \"float16\"\n", "expected one of float64, float32, bfloat16"));
+}
+
+TEST(ScenarioFile, RejectsImpossibleCountsThroughValidate) {
+  EXPECT_TRUE(rejects("[[scenario]]\nname = \"x\"\nvalid_tokens = [[50]]\n", "asks for 50 valid tokens but holds 14"));
+}
+
+TEST(ScenarioFile, ReportsTheLineOfMalformedToml) {
+  EXPECT_TRUE(rejects("[[scenario]\nname = \"x\"\n", "test.toml:1:"));
+}
+
+TEST(ScenarioFile, RejectsMissingNamesDuplicatesAndStrayTables) {
+  EXPECT_TRUE(rejects("[[scenario]]\nseed = 1\n", "name is missing"));
+  EXPECT_TRUE(rejects("[[scenario]]\nname = \"x\"\n[[scenario]]\nname = \"x\"\n", "appears twice"));
+  EXPECT_TRUE(rejects("[scenarios]\nname = \"x\"\n", "unexpected top-level key 'scenarios'"));
+  EXPECT_TRUE(rejects("", "no [[scenario]] table"));
+  EXPECT_TRUE(rejects("[[scenario]]\nname = \"x\"\n[[scenario.expect]]\nvariant = \"skip\"\nverdict = \"oops\"\nreason = \"r\"\n",
+                      "names verdict 'oops'"));
+}
+
+TEST(ScenarioFile, MissingFileIsAnInputError) {
+  EXPECT_THROW((void)load_scenario_file("/nonexistent/scenarios.toml"), InvalidInput);
+}
+
+}  // namespace
+}  // namespace gradnorm::scenarios
