@@ -110,6 +110,7 @@ Evaluation evaluate(const std::vector<scenarios::Scenario>& scenario_list,
       const harness::RankedRun& run = observe(v);
       const harness::RankedRun& reference = observe(harness::find_variant(v.reference));
       row.fault = run.fault;
+      if (!row.fault && reference.fault) row.fault = "reference " + v.reference + ": " + *reference.fault;
       if (!run.ranks.empty()) row.observation = run.ranks.front();
       row.verdict = judge_ranks(s, run, oracle->second, reference);
       row.global_token_count = oracle->second.global_token_count;

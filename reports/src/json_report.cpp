@@ -49,6 +49,7 @@ json record(const oracles::EvaluationRow& row) {
       {"met", row.met},
       {"why", row.applicability},
       {"reasons", v.reasons},
+      {"notes", v.notes},
       {"outcome", v.outcome},
       {"rel_l2_error", numbers ? number(v.gradients.rel_l2_error) : json(nullptr)},
       {"max_abs_error", numbers ? number(v.gradients.max_abs_error) : json(nullptr)},

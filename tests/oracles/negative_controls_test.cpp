@@ -110,6 +110,7 @@ class TamperedObservation : public ::testing::Test {
 
 TEST_F(TamperedObservation, GradientsScaledBeyondToleranceFail) {
   harness::Observation o = judged_.observation;
+  // 1% is a thousand times float32's 1e-5 bound and far below any real normalisation bug.
   for (auto& g : o.steps[0].gradients) g.value = g.value * 1.01;
   const auto v = rejudge(o);
   EXPECT_EQ(v.kind, VerdictKind::fail);
@@ -159,8 +160,84 @@ TEST_F(TamperedObservation, UnexpectedErrorIsAMismatch) {
   EXPECT_EQ(rejudge(o).kind, VerdictKind::error_mismatch);
 }
 
+TEST_F(TamperedObservation, MissingStepFails) {
+  harness::Observation o = judged_.observation;
+  o.steps.clear();
+  const auto v = rejudge(o);
+  EXPECT_EQ(v.kind, VerdictKind::fail);
+  EXPECT_TRUE(any_reason_contains(v, "completed 0 of 1 steps")) << explain(v);
+}
+
+TEST_F(TamperedObservation, NaNParameterFails) {
+  harness::Observation o = judged_.observation;
+  o.steps[0].parameters_after[0].value = o.steps[0].parameters_after[0].value.clone();
+  o.steps[0].parameters_after[0].value.view({-1})[0] = std::numeric_limits<float>::quiet_NaN();
+  const auto v = rejudge(o);
+  EXPECT_EQ(v.kind, VerdictKind::fail);
+  EXPECT_TRUE(any_reason_contains(v, "non-finite parameters")) << explain(v);
+}
+
+TEST_F(TamperedObservation, MissingLoggedLossFails) {
+  harness::Observation o = judged_.observation;
+  o.steps[0].logged_loss.reset();
+  const auto v = rejudge(o);
+  EXPECT_EQ(v.kind, VerdictKind::fail);
+  EXPECT_TRUE(any_reason_contains(v, "no loss was logged")) << explain(v);
+}
+
+TEST_F(TamperedObservation, RefusalWhereTheReferenceStepsIsAMismatch) {
+  harness::Observation o = judged_.observation;
+  o.steps.clear();
+  o.error = harness::ErrorRecord{"refusal", "refused for no reason"};
+  const auto v = rejudge(o);
+  EXPECT_EQ(v.kind, VerdictKind::error_mismatch);
+  EXPECT_TRUE(any_reason_contains(v, "where the oracle has a gradient")) << explain(v);
+}
+
 TEST_F(TamperedObservation, UntouchedObservationPasses) {
   EXPECT_EQ(rejudge(judged_.observation).kind, VerdictKind::pass);
+}
+
+// A model that never moves is flagged on every catalogue scenario where the update check
+// can be made; where storage cannot resolve the update the verdict says so in a note.
+TEST(NegativeControl, FrozenParametersAreFlaggedOrTheCheckIsDeclaredNotMade) {
+  harness::DeterminismGuard guard;
+  int flagged = 0, not_made = 0;
+  for (const scenarios::Scenario& s : scenarios::catalogue()) {
+    if (s.world_size != 1) continue;
+    const auto j = judge_named(s, "baseline");
+    if (j.verdict.kind != VerdictKind::pass) continue;
+    harness::Observation frozen = j.observation;
+    for (std::size_t step = 0; step < frozen.steps.size(); ++step) {
+      frozen.steps[step].parameters_after = frozen.initial_parameters;
+    }
+    const auto v = oracles::judge(s, frozen, j.oracle, j.reference);
+    if (any_reason_contains(v, "parameter update")) {
+      ++flagged;
+      EXPECT_EQ(v.kind, VerdictKind::fail) << s.name;
+    } else {
+      ++not_made;
+      EXPECT_FALSE(v.notes.empty()) << s.name << ": a frozen model passed silently: " << explain(v);
+    }
+  }
+  EXPECT_GT(flagged, 40);
+  EXPECT_GT(not_made, 0);  // bfloat16 with clipping: the note path is exercised too
+}
+
+// Across ranks: a run with the wrong number of ranks, or a faulted reference, is never a pass.
+TEST(ErrorContract, MissingRanksOrAFaultedReferenceIsNeverAPass) {
+  harness::DeterminismGuard guard;
+  const scenarios::Scenario& s = scenarios::find_scenario("dist/4-4/float32");
+  const auto oracle = oracles::run_oracle(s, harness::model_config_for(harness::find_variant("baseline"), s));
+  const harness::RankedRun good = harness::run_in_threads(harness::find_variant("baseline"), s);
+  ASSERT_EQ(oracles::judge_ranks(s, good, oracle, good).kind, VerdictKind::pass);
+  const harness::RankedRun empty;
+  EXPECT_EQ(oracles::judge_ranks(s, empty, oracle, good).kind, VerdictKind::error_mismatch);
+  harness::RankedRun faulted = good;
+  faulted.fault = "rank 1 threw: boom";
+  const auto v = oracles::judge_ranks(s, good, oracle, faulted);
+  EXPECT_EQ(v.kind, VerdictKind::error_mismatch);
+  EXPECT_TRUE(any_reason_contains(v, "the reference run aborted")) << explain(v);
 }
 
 // The error contract: with N == 0, finite output is a mismatch even if the reference is

@@ -30,6 +30,9 @@ struct Verdict {
   ErrorMetrics updates;              // parameter updates against the oracle's
   std::optional<double> logged_loss_rel_error;
   std::optional<double> grad_norm_rel_error;
+  // Checks that could not be made, and why (e.g. an update below the storage dtype's
+  // resolution). Not failures, but a pass with a note is weaker than one without.
+  std::vector<std::string> notes;
 };
 
 // `reference` is the observation of the variant whose error behaviour `observed` must
