@@ -135,8 +135,11 @@ TEST(MakeMicroBatch, LastPositionIsAlwaysIgnored) {
 TEST(MakeMicroBatch, TrailingPaddingFillsAPrefix) {
   const Scenario s = one_micro_batch(MaskPattern::trailing_padding, 7, 2, 8);
   const MicroBatch batch = make_micro_batch(s, 0, 0, 0);
+  // 7 tokens over 2 sequences: the first takes 4, the second 3 (count / B, remainder first).
+  constexpr std::size_t kExpectedCounts[] = {4, 3};
   for (long b = 0; b < 2; ++b) {
     const auto positions = valid_positions(batch.labels, b);
+    ASSERT_EQ(positions.size(), kExpectedCounts[b]) << "sequence " << b;
     for (std::size_t i = 0; i < positions.size(); ++i) {
       EXPECT_EQ(positions[i], static_cast<long>(i)) << "sequence " << b;
     }
@@ -148,7 +151,7 @@ TEST(MakeMicroBatch, PromptPrefixIsOneContiguousSpanAfterAPrompt) {
   const MicroBatch batch = make_micro_batch(s, 0, 0, 0);
   for (long b = 0; b < 2; ++b) {
     const auto positions = valid_positions(batch.labels, b);
-    ASSERT_FALSE(positions.empty());
+    ASSERT_EQ(positions.size(), 2u) << "4 tokens over 2 sequences, sequence " << b;
     EXPECT_GT(positions.front(), 0) << "sequence " << b << " has no masked prompt";
     EXPECT_EQ(positions.back() - positions.front() + 1, static_cast<long>(positions.size()))
         << "sequence " << b << " is not contiguous";

@@ -3,7 +3,9 @@
 #include <ATen/ATen.h>
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <cmath>
+#include <string>
 #include <vector>
 
 #include "gradnorm/harness/batch.hpp"
@@ -100,21 +102,136 @@ TEST(Oracle, HandGradientWithTheWrongCountIsDetected) {
   const auto oracle = oracles::run_oracle(s, harness::ModelConfig{scenarios::ModelKind::linear_head});
   HandResult hand = by_hand(s, oracle.initial_parameters[0].value, oracle.initial_parameters[1].value);
   for (double& g : hand.bias_grad) g *= 5.0 / 4.0;
+  // The wrong count scales every entry by 5/4, a 25% gap; 0.1 sits far above the 1e-12 the
+  // right count meets and well below 25%.
   EXPECT_GT(max_relative_gap(oracle.steps[0].gradients[1].value, hand.bias_grad), 0.1);
 }
 
-TEST(Oracle, ClipsWithPyTorchsFormulaAndStepsSgd) {
+// sqrt of the sum of squares over every hand gradient entry, weight and bias: ||g*||_2.
+double hand_norm(const HandResult& hand) {
+  double squares = 0;
+  for (double g : hand.weight_grad) squares += g * g;
+  for (double g : hand.bias_grad) squares += g * g;
+  return std::sqrt(squares);
+}
+
+std::vector<double> scaled(const std::vector<double>& values, double factor) {
+  std::vector<double> out = values;
+  for (double& v : out) v *= factor;
+  return out;
+}
+
+// The step the optimizer took, after - before, elementwise in float64.
+at::Tensor step_taken(const at::Tensor& before, const at::Tensor& after) {
+  return after.to(at::kDouble) - before.to(at::kDouble);
+}
+
+// The linear-head scenario with `max_norm`, its oracle and its hand gradients; plain SGD
+// without weight decay, so the update is exactly initial - lr * consumed.
+struct ClipCase {
+  scenarios::Scenario scenario;
+  oracles::OracleResult oracle;
+  HandResult hand;
+};
+
+ClipCase clip_case(double max_norm) {
+  ClipCase out;
+  out.scenario = scenarios::find_scenario("single/n5-linear-head/float64");
+  out.scenario.clip_max_norm = max_norm;
+  out.oracle = oracles::run_oracle(out.scenario, harness::ModelConfig{scenarios::ModelKind::linear_head});
+  out.hand = by_hand(out.scenario, out.oracle.initial_parameters.at(0).value,
+                     out.oracle.initial_parameters.at(1).value);
+  return out;
+}
+
+// Clipping and the SGD step judged against figures computed from the hand gradients alone:
+// the norm of the loops' gradients, PyTorch's coefficient min(1, max_norm / (norm + 1e-6)),
+// the consumed gradients coef * g and the update -lr * coef * g. None of these reads the
+// oracle's own total_norm, clip_coef or gradients.
+TEST(Oracle, ClipsTheHandGradientWithPyTorchsFormulaAndStepsSgd) {
   harness::DeterminismGuard guard;
-  const scenarios::Scenario& s = scenarios::find_scenario("single/clip-active/float64");
-  const auto plain = oracles::run_oracle(s, harness::ModelConfig{});
-  ASSERT_EQ(plain.steps.size(), 1u);
-  const auto& step = plain.steps[0];
-  const double expected_coef = *s.clip_max_norm / (step.total_norm + 1e-6);
-  EXPECT_DOUBLE_EQ(step.clip_coef, expected_coef);
-  for (std::size_t i = 0; i < step.parameters_after.size(); ++i) {
-    const at::Tensor expected =
-        plain.initial_parameters[i].value - s.learning_rate * step.gradients[i].value;
-    EXPECT_TRUE(at::allclose(step.parameters_after[i].value, expected, 0, 1e-15))
+  constexpr double kMaxNorm = 0.01;
+  const ClipCase c = clip_case(kMaxNorm);
+  ASSERT_EQ(c.scenario.optimizer, scenarios::OptimizerKind::sgd);
+  ASSERT_EQ(c.scenario.weight_decay, 0.0);
+  ASSERT_EQ(c.oracle.steps.size(), 1u);
+  ASSERT_EQ(c.oracle.initial_parameters.size(), 2u);
+  const oracles::OracleStep& step = c.oracle.steps[0];
+  ASSERT_EQ(step.gradients.size(), 2u);
+  ASSERT_EQ(step.parameters_after.size(), 2u);
+
+  const double norm = hand_norm(c.hand);
+  ASSERT_GT(norm, 10 * kMaxNorm) << "clipping must be active for this test to mean anything";
+  const double coef = std::min(1.0, kMaxNorm / (norm + 1e-6));
+  ASSERT_LT(coef, 0.1);
+
+  // float64 against float64 over sums of 5 tokens x 11 classes and 77 squares: a few
+  // roundings of 1.1e-16 each, far below 1e-12.
+  EXPECT_NEAR(step.total_norm, norm, 1e-12 * norm);
+  // One division more than the norm: the same few roundings.
+  EXPECT_NEAR(step.clip_coef, coef, 1e-12 * coef);
+  // The 1e-6 PyTorch adds moves the coefficient by 1e-6 / norm (~7e-7) relative, over 100
+  // times the 1e-12 bound above: a coefficient without it would be caught.
+  EXPECT_GT(std::abs(kMaxNorm / norm - coef), 100 * 1e-12 * coef);
+
+  const std::vector<double> weight_consumed = scaled(c.hand.weight_grad, coef);
+  const std::vector<double> bias_consumed = scaled(c.hand.bias_grad, coef);
+  // float64 against float64: the hand gradients' few roundings plus one product with coef.
+  EXPECT_LT(max_relative_gap(step.gradients[0].value, weight_consumed), 1e-12);
+  EXPECT_LT(max_relative_gap(step.gradients[1].value, bias_consumed), 1e-12);
+
+  // The update read back as after - initial: that subtraction cancels parameters of order 1
+  // against steps of order lr * coef * |g| (~1e-3), so the float64 rounding of a parameter
+  // (1e-16) becomes ~1e-13 of the step; 1e-10 leaves room for that cancellation.
+  const std::vector<double>* consumed[] = {&weight_consumed, &bias_consumed};
+  for (std::size_t i = 0; i < 2; ++i) {
+    const at::Tensor taken =
+        step_taken(c.oracle.initial_parameters[i].value, step.parameters_after[i].value);
+    EXPECT_LT(max_relative_gap(taken, scaled(*consumed[i], -c.scenario.learning_rate)), 1e-10)
+        << step.parameters_after[i].name;
+  }
+}
+
+// Negative control: the unclipped hand gradients (coefficient 1) are far from what the
+// oracle hands the optimizer when clipping is active, and so is their SGD step.
+TEST(Oracle, UnclippedHandGradientIsFarFromTheClippedOracle) {
+  harness::DeterminismGuard guard;
+  const ClipCase c = clip_case(0.01);
+  ASSERT_EQ(c.oracle.steps.size(), 1u);
+  const oracles::OracleStep& step = c.oracle.steps[0];
+  ASSERT_LT(0.01 / (hand_norm(c.hand) + 1e-6), 0.1);
+  // The coefficient is below 0.1, so coefficient 1 is off by over 90%; 50% is far from both
+  // that and the 1e-12 the clipped figures meet.
+  EXPECT_GT(max_relative_gap(step.gradients[0].value, c.hand.weight_grad), 0.5);
+  EXPECT_GT(max_relative_gap(step.gradients[1].value, c.hand.bias_grad), 0.5);
+  const at::Tensor taken =
+      step_taken(c.oracle.initial_parameters[0].value, step.parameters_after[0].value);
+  // Same 90% gap, read through the update; 0.5 is as above.
+  EXPECT_GT(max_relative_gap(taken, scaled(c.hand.weight_grad, -c.scenario.learning_rate)), 0.5);
+}
+
+// A max_norm far above the gradient norm: the coefficient is exactly 1 (min clamps it), and
+// the optimizer consumes the hand gradients unscaled.
+TEST(Oracle, InactiveClipHasCoefficientExactlyOne) {
+  harness::DeterminismGuard guard;
+  const ClipCase c = clip_case(1e6);
+  ASSERT_EQ(c.oracle.steps.size(), 1u);
+  const oracles::OracleStep& step = c.oracle.steps[0];
+  const double norm = hand_norm(c.hand);
+  ASSERT_LT(norm, 1e6);
+  EXPECT_EQ(std::min(1.0, 1e6 / (norm + 1e-6)), 1.0);
+  EXPECT_EQ(step.clip_coef, 1.0);
+  // float64 against float64 over a handful of roundings, as in the clipped case.
+  EXPECT_NEAR(step.total_norm, norm, 1e-12 * norm);
+  // Coefficient 1: the consumed gradients are the hand gradients, to the same few roundings.
+  EXPECT_LT(max_relative_gap(step.gradients[0].value, c.hand.weight_grad), 1e-12);
+  EXPECT_LT(max_relative_gap(step.gradients[1].value, c.hand.bias_grad), 1e-12);
+  // after - initial cancels the parameter, as in the clipped case; the steps are larger here.
+  const std::vector<double>* gradients[] = {&c.hand.weight_grad, &c.hand.bias_grad};
+  for (std::size_t i = 0; i < 2; ++i) {
+    const at::Tensor taken =
+        step_taken(c.oracle.initial_parameters[i].value, step.parameters_after[i].value);
+    EXPECT_LT(max_relative_gap(taken, scaled(*gradients[i], -c.scenario.learning_rate)), 1e-10)
         << step.parameters_after[i].name;
   }
 }
@@ -130,11 +247,32 @@ TEST(Oracle, NoValidTokenMeansNoGradient) {
 
 TEST(Oracle, FrozenLoraBaseHasNoGradientEntry) {
   harness::DeterminismGuard guard;
-  const auto oracle = oracles::run_oracle(scenarios::find_scenario("single/n5-lora/float32"),
-                                          harness::ModelConfig{scenarios::ModelKind::causal_lm, true});
+  const scenarios::Scenario& s = scenarios::find_scenario("single/n5-lora/float32");
+  const auto oracle =
+      oracles::run_oracle(s, harness::ModelConfig{scenarios::ModelKind::causal_lm, true});
+  // Exactly the four adapters of the causal LM: an empty list cannot pass the loops below.
+  const std::vector<std::string> adapters = {"hidden.lora_a", "hidden.lora_b", "head.lora_a",
+                                             "head.lora_b"};
+  std::vector<std::string> listed;
   for (const auto& p : oracle.initial_parameters) {
     EXPECT_NE(p.name.find("lora_"), std::string::npos) << p.name << " is frozen but listed";
+    listed.push_back(p.name);
   }
+  std::vector<std::string> sorted_listed = listed, sorted_adapters = adapters;
+  std::sort(sorted_listed.begin(), sorted_listed.end());
+  std::sort(sorted_adapters.begin(), sorted_adapters.end());
+  EXPECT_EQ(sorted_listed, sorted_adapters);
+  ASSERT_EQ(oracle.steps.size(), 1u);
+  ASSERT_EQ(oracle.steps[0].gradients.size(), adapters.size());
+  for (std::size_t i = 0; i < listed.size(); ++i) {
+    EXPECT_EQ(oracle.steps[0].gradients[i].name, listed[i]);
+  }
+  // Negative control: without LoRA the same model lists its base weights, which the name
+  // check above would reject.
+  const auto full = oracles::run_oracle(s, harness::ModelConfig{scenarios::ModelKind::causal_lm, false});
+  ASSERT_FALSE(full.initial_parameters.empty());
+  EXPECT_EQ(full.initial_parameters[0].name.find("lora_"), std::string::npos)
+      << full.initial_parameters[0].name;
 }
 
 // Determinism: the same scenarios give bit-identical observations run after run.
@@ -144,6 +282,7 @@ TEST(Determinism, TheSameScenarioGivesBitIdenticalObservations) {
   const auto variants = harness::select_variants("*skip");
   const auto first = oracles::evaluate(scenarios_list, variants);
   const auto second = oracles::evaluate(scenarios_list, variants);
+  ASSERT_FALSE(first.rows.empty()) << "the selection matched no row: the loop would pass vacuously";
   ASSERT_EQ(first.rows.size(), second.rows.size());
   for (std::size_t i = 0; i < first.rows.size(); ++i) {
     const auto pair = oracles::compare_observations(
@@ -152,6 +291,14 @@ TEST(Determinism, TheSameScenarioGivesBitIdenticalObservations) {
     EXPECT_TRUE(pair.bitwise_equal) << first.rows[i].scenario.name << " x "
                                     << first.rows[i].variant.name << ": " << pair.first_difference;
   }
+  // Negative control: a logged loss one ulp off is not bit-identical.
+  harness::Observation nudged = second.rows[0].observation;
+  ASSERT_FALSE(nudged.steps.empty());
+  ASSERT_TRUE(nudged.steps.back().logged_loss);
+  nudged.steps.back().logged_loss = std::nextafter(*nudged.steps.back().logged_loss, INFINITY);
+  EXPECT_FALSE(oracles::compare_observations(first.rows[0].observation, nudged,
+                                             harness::scalar_type(first.rows[0].scenario.dtype))
+                   .bitwise_equal);
 }
 
 }  // namespace

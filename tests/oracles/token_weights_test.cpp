@@ -23,6 +23,8 @@ TokenWeightReport probe(const std::string& scenario, const std::string& variant)
 }
 
 // Every weight of `rank` equals `expected` to `rel` relative error; names the worst token.
+// Default 1e-12: a float64 weight is one gradient entry divided by (1/V - 1), a few roundings
+// of 1.1e-16; that is ~1e4 of them, yet 1e4 times finer than float32's 1.5e-8 rounding of 1/5.
 ::testing::AssertionResult rank_weights_near(const TokenWeightReport& report, int rank,
                                              double expected, double rel = 1e-12) {
   if (report.outcome != "ok") {
@@ -74,6 +76,7 @@ TEST(TokenWeights, NegativeControlHelperCatchesAnOffWeight) {
   report.outcome = "ok";
   report.ranks.push_back({0, 2, {0.125, 0.125 * (1 + 1e-9)}});
   EXPECT_FALSE(rank_weights_near(report, 0, 0.125));
+  // 1e-8: a bound just above the 1e-9 offset, so the verdict follows the bound passed in.
   EXPECT_TRUE(rank_weights_near(report, 0, 0.125, 1e-8));
   EXPECT_FALSE(rank_weights_near(report, 1, 0.125));
 }
@@ -97,6 +100,8 @@ TEST(TokenWeights, RaggedFiveThreeWeightsFollowEachArithmetic) {
     EXPECT_EQ(report.ranks[1].tokens, 3);
     EXPECT_TRUE(rank_weights_near(report, 0, c.rank0));
     EXPECT_TRUE(rank_weights_near(report, 1, c.rank1));
+    // Weights within 1e-12 relative move rel_l2 by at most 1e-12 x (1 + rel_l2) <= 2.2e-12
+    // (rel_l2 is at most 1.13 here); 1e-9 leaves room for the float64 sums over 8 tokens.
     EXPECT_NEAR(report.rel_l2_error, closed_form_rel_l2({5, 3}, {c.rank0, c.rank1}), 1e-9)
         << c.variant;
   }
@@ -106,8 +111,11 @@ TEST(TokenWeights, SkipErrorOnFiveThreeMatchesTheClosedForm) {
   harness::DeterminismGuard guard;
   const double closed = std::sqrt(5 * std::pow(0.1 - 0.125, 2) + 3 * std::pow(1.0 / 6 - 0.125, 2)) /
                         std::sqrt(8 * 0.125 * 0.125);
-  ASSERT_NEAR(closed, 0.2582, 1e-4);
+  // Exactly 1/sqrt(15): 5 x (1/40)^2 + 3 x (1/24)^2 = 1/120 over 8 x (1/8)^2 = 1/8. Both sides
+  // are float64 evaluations of a few squares and a sqrt: a few roundings of 1.1e-16.
+  ASSERT_NEAR(closed, 1 / std::sqrt(15.0), 1e-12);
   const TokenWeightReport report = probe("dist/5-3/float64", "skip");
+  // As in the test above: weights within 1e-12 move rel_l2 by ~1e-12, 1e-9 leaves room.
   EXPECT_NEAR(report.rel_l2_error, closed, 1e-9);
 }
 
@@ -125,7 +133,10 @@ TEST(TokenWeights, ExtremeOneSixtyFourSkipWeights) {
   const double contract = 1.0 / 65;
   const double closed = std::sqrt(std::pow(0.5 - contract, 2) + 64 * std::pow(1.0 / 128 - contract, 2)) /
                         std::sqrt(65 * contract * contract);
-  ASSERT_NEAR(closed, 3.937, 1e-3);
+  // Exactly 63/16 (the squares sum to 3969 x 65 / 1081600, times 65 is (63/16)^2); float64
+  // evaluation of a few squares and a sqrt: a few roundings of 1.1e-16 relative to ~4.
+  ASSERT_NEAR(closed, 63.0 / 16, 1e-12);
+  // Weights within 1e-12 move rel_l2 by at most 1e-12 x (1 + 3.94) = 5e-12; 1e-9 leaves room.
   EXPECT_NEAR(report.rel_l2_error, closed, 1e-9);
 }
 
@@ -148,10 +159,16 @@ TEST(TokenWeights, SingleDeviceBaselineAndSkipGiveOneOverN) {
     ASSERT_EQ(report.ranks.size(), 1u);
     EXPECT_EQ(report.ranks[0].tokens, 5);
     EXPECT_TRUE(rank_weights_near(report, 0, c.weight));
+    // 1e-7: the baseline's weight is 1/5 rounded to float32, 1.5e-8 relative off; 1e-7 is
+    // float32's epsilon (1.2e-7) rounded down, so nothing coarser than float32 passes.
     EXPECT_TRUE(rank_weights_near(report, 0, 1.0 / 5, 1e-7));
+    // Every weight is 1.5e-8 (or less) off, so rel_l2 is too; same float32 bound.
     EXPECT_LT(report.rel_l2_error, 1e-7) << c.variant;
   }
+  // Skip computes 1/5 in float64: a few roundings of 1.1e-16, so float64's 1e-12 bound holds
+  // where the baseline's float32 1.5e-8 would not.
   EXPECT_LT(probe("single/n5/float64", "skip").rel_l2_error, 1e-12);
+  EXPECT_GT(probe("single/n5/float64", "baseline").rel_l2_error, 1e-12);
 }
 
 TEST(TokenWeights, AllMaskedStepHasNoWeights) {
@@ -171,7 +188,10 @@ TEST(TokenWeights, NegativeControlSkipOnRaggedRanksIsFarOff) {
   harness::DeterminismGuard guard;
   const TokenWeightReport skip = probe("dist/5-3/float64", "skip");
   const TokenWeightReport baseline = probe("dist/5-3/float64", "baseline");
+  // Skip's closed-form error is 1/sqrt(15) = 0.26 on 5-3 and 0.88 on 8-ranks-ragged; 0.1 is
+  // well below both and eight orders above the 1e-9 the contract-following runs meet.
   EXPECT_GT(skip.rel_l2_error, 0.1);
+  // Contract met: only float64 roundings over 8 weights (~1e-16 each), far below 1e-9.
   EXPECT_LT(baseline.rel_l2_error, 1e-9);
   EXPECT_LT(probe("dist/4-4/float64", "skip").rel_l2_error, 1e-9);
   EXPECT_GT(probe("dist/8-ranks-ragged/float64", "skip").rel_l2_error, 0.1);

@@ -393,8 +393,15 @@ TEST(ReportDeterminism, SameEvaluationSameBytes) {
   const oracles::Evaluation evaluation = hand_built_evaluation();
   EXPECT_EQ(reports::render_table(evaluation), reports::render_table(hand_built_evaluation()));
   EXPECT_EQ(reports::render_markdown(evaluation, fixed_settings()),
-            reports::render_markdown(evaluation, fixed_settings()));
+            reports::render_markdown(hand_built_evaluation(), fixed_settings()));
   EXPECT_EQ(render_json(evaluation), render_json(hand_built_evaluation()));
+  // Negative control: one changed figure changes the bytes of every format.
+  oracles::Evaluation changed = hand_built_evaluation();
+  changed.rows.front().verdict.gradients.max_ulp = 4;
+  EXPECT_NE(reports::render_table(changed), reports::render_table(evaluation));
+  EXPECT_NE(reports::render_markdown(changed, fixed_settings()),
+            reports::render_markdown(evaluation, fixed_settings()));
+  EXPECT_NE(render_json(changed), render_json(evaluation));
 }
 
 TEST(WriteFileAtomically, WritesTheContentAndLeavesNoPartialFile) {

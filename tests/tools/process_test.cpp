@@ -435,10 +435,18 @@ TEST(ProcessCrossCheck, EightRanksAsProcessesReachTheSameVerdicts) {
   EXPECT_FALSE(same_verdicts_close_errors(both.threads, flipped, 1e-6));
 }
 
+// The collective timeout each fault runs under. A hang is only detected when a collective
+// times out, so hang cases keep it short. A rank that throws or exits ends the run at once
+// whatever the timeout, so those cases take a long one: on a slow machine a short timeout
+// could fire first and report the throwing rank's peer as a hang.
+constexpr const char* kHangTimeoutSeconds = "2";
+constexpr const char* kNoHangTimeoutSeconds = "60";
+
 // A fault in one rank of a 2-process run: exit 3, the cause on stderr, and nothing left.
 void expect_fault_reported(const std::string& fault, const std::string& rank,
-                           const std::vector<std::string>& any_of_words) {
-  const std::vector<std::string> args = {"run",       "--timeout", "2",          "-s",
+                           const std::vector<std::string>& any_of_words,
+                           const std::string& timeout_seconds) {
+  const std::vector<std::string> args = {"run",       "--timeout", timeout_seconds, "-s",
                                          "dist/5-3/float32", "-v",  "baseline",   "--launcher",
                                          "processes", "--nproc",   "2",          "--inject-fault",
                                          fault};
@@ -450,24 +458,28 @@ void expect_fault_reported(const std::string& fault, const std::string& rank,
   EXPECT_TRUE(std::any_of(any_of_words.begin(), any_of_words.end(),
                           [&](const std::string& word) { return contains(r.err, word); }))
       << "stderr names none of the expected causes\n" << describe(args, env, r);
+  if (timeout_seconds != kHangTimeoutSeconds) {
+    // The failure this timeout guards against: the throwing rank's peer blamed for a hang.
+    EXPECT_FALSE(contains(r.err, "(hang)")) << describe(args, env, r);
+  }
   EXPECT_TRUE(no_process_carries(env.set.at(kMarkerKey))) << describe(args, env, r);
   EXPECT_TRUE(no_rendezvous_folder_left(folders_before)) << describe(args, env, r);
 }
 
 TEST(ProcessFaults, ARankThatThrowsFailsTheRunAndIsNamed) {
-  expect_fault_reported("1:throw", "rank 1", {"threw"});
+  expect_fault_reported("1:throw", "rank 1", {"threw"}, kNoHangTimeoutSeconds);
 }
 
 TEST(ProcessFaults, ARankThatExitsFailsTheRunAndIsNamed) {
-  expect_fault_reported("1:exit", "rank 1", {"vanished", "status 4"});
+  expect_fault_reported("1:exit", "rank 1", {"vanished", "status 4"}, kNoHangTimeoutSeconds);
 }
 
 TEST(ProcessFaults, ARankThatHangsFailsTheRunAndIsNamed) {
-  expect_fault_reported("1:hang", "rank 1", {"hang"});
+  expect_fault_reported("1:hang", "rank 1", {"hang"}, kHangTimeoutSeconds);
 }
 
 TEST(ProcessFaults, RankZeroHangingIsNamedToo) {
-  expect_fault_reported("0:hang", "rank 0", {"hang"});
+  expect_fault_reported("0:hang", "rank 0", {"hang"}, kHangTimeoutSeconds);
 }
 
 // The checks above can fail: a marked process is seen, and a new folder is reported.
