@@ -94,9 +94,8 @@ class RecipeLoop {
     optimizer_in_backward_ = variant.force_optimizer_in_backward || scenario.optimizer_in_backward;
     if (optimizer_in_backward_) refuse_unsupported_options();
     // The pull request's gate: grad_accum == 1 and not optimizer_in_bwd.
-    gate_open_ = skip_gate_open(variant, scenario);
-    skip_ = gate_open_ && variant.arithmetic == Arithmetic::skip;
-    if (gate_open_ && variant.arithmetic == Arithmetic::world_size_only) skip_ = true;
+    // Open only for the skip and world-size-only arithmetics, which both backward the mean.
+    skip_ = skip_gate_open(variant, scenario);
     out_.initial_parameters = snapshot_parameters(model_);
     if (optimizer_in_backward_) {
       install_optimizer_hooks();
@@ -287,7 +286,7 @@ class RecipeLoop {
       scale_grads(params_,
                   at::scalar_tensor(comm_.world_size(), at::kFloat) / num_tokens.to(at::kFloat),
                   out_.counters);
-    } else if (gate_open_ && variant_.arithmetic == Arithmetic::world_size_only) {
+    } else if (skip_ && variant_.arithmetic == Arithmetic::world_size_only) {
       scale_grads(params_, at::scalar_tensor(comm_.world_size(), at::kLong), out_.counters);
     }
     if (bug == Regression::non_finite_gradients_zeroed) {
@@ -332,8 +331,8 @@ class RecipeLoop {
   std::vector<at::Tensor> params_;
   LossOptions loss_options_;
   bool optimizer_in_backward_ = false;
-  bool gate_open_ = false;  // the pull request's gate, for a non-baseline arithmetic
-  bool skip_ = false;       // this step backwards the mean (skip, world-size-only)
+  // The pull request's gate is open: this step backwards the mean (skip, world-size-only).
+  bool skip_ = false;
   std::unique_ptr<torch::optim::Optimizer> optimizer_;
   std::vector<std::unique_ptr<torch::optim::Optimizer>> per_parameter_optimizers_;
   std::vector<at::Tensor> hook_consumed_;
