@@ -1,6 +1,7 @@
 // The three report writers against golden files, on an evaluation built by hand (no torch
 // computation), plus the summary counts, the JSON record shape and atomic writes.
 // Regenerate the golden files with GRADNORM_UPDATE_GOLDEN=1, then read them before keeping.
+#include "support/files.hpp"
 #include <gtest/gtest.h>
 #include <nlohmann/json.hpp>
 
@@ -18,6 +19,10 @@
 
 namespace gradnorm {
 namespace {
+
+using testing_support::contains;
+using testing_support::read_file;
+using testing_support::TemporaryDirectory;
 
 using oracles::Expectation;
 using oracles::VerdictKind;
@@ -202,11 +207,6 @@ bool updating_golden() {
   return flag != nullptr && std::string(flag) == "1";
 }
 
-std::string read_file(const std::filesystem::path& path) {
-  std::ifstream file(path, std::ios::binary);
-  return std::string(std::istreambuf_iterator<char>(file), std::istreambuf_iterator<char>());
-}
-
 // Compares `actual` with the golden file `name`; with GRADNORM_UPDATE_GOLDEN=1, writes it.
 ::testing::AssertionResult matches_golden(const std::string& name, const std::string& actual) {
   const std::filesystem::path path = std::filesystem::path(GRADNORM_GOLDEN_DIR) / name;
@@ -233,25 +233,6 @@ std::string render_json(const oracles::Evaluation& evaluation) {
   return reports::to_json(evaluation, fixed_settings()).dump(2) + "\n";
 }
 
-// Removes a temporary folder made by mkdtemp, whatever the test did inside it.
-class TemporaryDirectory {
- public:
-  TemporaryDirectory() {
-    std::string pattern = (std::filesystem::temp_directory_path() / "gradnorm-reports-XXXXXX").string();
-    if (mkdtemp(pattern.data()) == nullptr) throw std::runtime_error("mkdtemp failed");
-    path_ = pattern;
-  }
-  ~TemporaryDirectory() {
-    std::error_code ignored;
-    std::filesystem::remove_all(path_, ignored);
-  }
-  TemporaryDirectory(const TemporaryDirectory&) = delete;
-  TemporaryDirectory& operator=(const TemporaryDirectory&) = delete;
-  [[nodiscard]] const std::filesystem::path& path() const { return path_; }
-
- private:
-  std::filesystem::path path_;
-};
 
 TEST(GoldenComparison, NamesFirstDifferingLineAndBothVersions) {
   EXPECT_TRUE(same_lines("a\nb\nc\n", "a\nb\nc\n"));
@@ -405,7 +386,7 @@ TEST(ReportDeterminism, SameEvaluationSameBytes) {
 }
 
 TEST(WriteFileAtomically, WritesTheContentAndLeavesNoPartialFile) {
-  TemporaryDirectory folder;
+  TemporaryDirectory folder("gradnorm-reports");
   const std::filesystem::path path = folder.path() / "report.json";
   reports::write_file_atomically(path.string(), "first\n");
   EXPECT_EQ(read_file(path), "first\n");
@@ -420,7 +401,7 @@ TEST(WriteFileAtomically, WritesTheContentAndLeavesNoPartialFile) {
 }
 
 TEST(WriteFileAtomically, MissingFolderThrowsNamingThePath) {
-  TemporaryDirectory folder;
+  TemporaryDirectory folder("gradnorm-reports");
   const std::string path = (folder.path() / "no-such-folder" / "report.json").string();
   try {
     reports::write_file_atomically(path, "text\n");

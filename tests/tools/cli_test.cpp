@@ -1,5 +1,6 @@
 // The gradnorm CLI as a user runs it: exit codes (0 as expected, 1 unexpected verdicts,
 // 2 usage or input error), what it prints, and the JSON report it writes.
+#include "support/files.hpp"
 #include <gtest/gtest.h>
 #include <nlohmann/json.hpp>
 #include <sys/wait.h>
@@ -17,6 +18,10 @@
 
 namespace gradnorm {
 namespace {
+
+using testing_support::contains;
+using testing_support::read_file;
+using testing_support::TemporaryDirectory;
 
 struct CliResult {
   int exit_code = -1;  // -1 when the process did not exit normally
@@ -54,34 +59,6 @@ std::string explain(const std::vector<std::string>& args, const CliResult& resul
          result.output;
 }
 
-bool contains(const std::string& text, const std::string& needle) {
-  return text.find(needle) != std::string::npos;
-}
-
-std::string read_file(const std::filesystem::path& path) {
-  std::ifstream file(path, std::ios::binary);
-  return std::string(std::istreambuf_iterator<char>(file), std::istreambuf_iterator<char>());
-}
-
-// Removes a temporary folder made by mkdtemp, whatever the test did inside it.
-class TemporaryDirectory {
- public:
-  TemporaryDirectory() {
-    std::string pattern = "/tmp/gradnorm-cli-XXXXXX";
-    if (mkdtemp(pattern.data()) == nullptr) throw std::runtime_error("mkdtemp failed");
-    path_ = pattern;
-  }
-  ~TemporaryDirectory() {
-    std::error_code ignored;
-    std::filesystem::remove_all(path_, ignored);
-  }
-  TemporaryDirectory(const TemporaryDirectory&) = delete;
-  TemporaryDirectory& operator=(const TemporaryDirectory&) = delete;
-  [[nodiscard]] const std::filesystem::path& path() const { return path_; }
-
- private:
-  std::filesystem::path path_;
-};
 
 TEST(Cli, NoSubcommandIsAUsageError) {
   const std::vector<std::string> args;
@@ -90,7 +67,7 @@ TEST(Cli, NoSubcommandIsAUsageError) {
 }
 
 TEST(Cli, ScenarioFileRunsItsScenariosAndRejectsTypos) {
-  TemporaryDirectory folder;
+  TemporaryDirectory folder("gradnorm-cli");
   const std::string good = (folder.path() / "good.toml").string();
   std::ofstream(good) << "[[scenario]]\nname = \"mine/6-2\"\nvalid_tokens = [[6], [2]]\n"
                          "[[scenario.expect]]\nvariant = \"skip\"\nverdict = \"fail\"\n"
@@ -183,7 +160,7 @@ TEST(Cli, NegativeControlsAreCaught) {
 
 // One flag from threads to Gloo processes: --nproc alone launches the ranks.
 TEST(Cli, NprocAloneRunsRanksAsGlooProcesses) {
-  TemporaryDirectory folder;
+  TemporaryDirectory folder("gradnorm-cli");
   const std::string path = (folder.path() / "report.json").string();
   const std::vector<std::string> args = {"run", "--nproc", "2", "--scenario", "dist/4-4/float32",
                                          "--variant", "baseline", "--json", path};
@@ -201,7 +178,7 @@ TEST(Cli, NprocAloneRunsRanksAsGlooProcesses) {
 }
 
 TEST(Cli, JsonReportHasOneRecordPerVariantAndIsReproducible) {
-  TemporaryDirectory folder;
+  TemporaryDirectory folder("gradnorm-cli");
   const std::string first = (folder.path() / "first.json").string();
   const std::string second = (folder.path() / "second.json").string();
   const std::vector<std::string> args = {"run", "--scenario", "single/n3/float32", "--json", first};

@@ -1,6 +1,7 @@
 // The gradnorm CLI with ranks as real processes over c10d Gloo: the same records as ranks as
 // threads, faults that fail the run promptly (exit 3) without leaving a process or a
 // rendezvous folder behind, torchrun-style "--launcher env" ranks, and the input errors.
+#include "support/files.hpp"
 #include <gtest/gtest.h>
 #include <nlohmann/json.hpp>
 
@@ -37,6 +38,10 @@ extern char** environ;
 namespace gradnorm {
 namespace {
 
+using testing_support::contains;
+using testing_support::read_file;
+using testing_support::TemporaryDirectory;
+
 using nlohmann::json;
 using namespace std::chrono_literals;
 
@@ -47,34 +52,6 @@ constexpr int kExitRankFailed = 3;
 // Only a safety net so a broken build cannot hang the suite; no test asserts a duration.
 constexpr auto kSafetyDeadline = 180s;
 
-std::string read_file(const std::filesystem::path& path) {
-  std::ifstream file(path, std::ios::binary);
-  return std::string(std::istreambuf_iterator<char>(file), std::istreambuf_iterator<char>());
-}
-
-bool contains(const std::string& text, const std::string& needle) {
-  return text.find(needle) != std::string::npos;
-}
-
-// Removes a temporary folder made by mkdtemp, whatever the test did inside it.
-class TemporaryDirectory {
- public:
-  TemporaryDirectory() {
-    std::string pattern = "/tmp/gradnorm-process-test-XXXXXX";
-    if (mkdtemp(pattern.data()) == nullptr) throw std::runtime_error("mkdtemp failed");
-    path_ = pattern;
-  }
-  ~TemporaryDirectory() {
-    std::error_code ignored;
-    std::filesystem::remove_all(path_, ignored);
-  }
-  TemporaryDirectory(const TemporaryDirectory&) = delete;
-  TemporaryDirectory& operator=(const TemporaryDirectory&) = delete;
-  [[nodiscard]] const std::filesystem::path& path() const { return path_; }
-
- private:
-  std::filesystem::path path_;
-};
 
 // What the child's environment changes: `set` overrides or adds, `unset` removes.
 struct EnvironmentChanges {
@@ -176,7 +153,7 @@ class Child {
 };
 
 ProcessResult run_cli(const std::vector<std::string>& args, const EnvironmentChanges& env = {}) {
-  TemporaryDirectory folder;
+  TemporaryDirectory folder("gradnorm-process-test");
   Child child(args, env, folder.path(), "gradnorm");
   return child.wait();
 }
@@ -352,7 +329,7 @@ struct CrossCheck {
 // Runs the same selection as threads and as `world` Gloo processes; both must exit 0, and
 // the processes run must leave no process and no rendezvous folder.
 CrossCheck run_both_ways(const std::vector<std::string>& selection, int world) {
-  TemporaryDirectory folder;
+  TemporaryDirectory folder("gradnorm-process-test");
   const std::string threads_json = (folder.path() / "threads.json").string();
   const std::string processes_json = (folder.path() / "processes.json").string();
 
@@ -543,7 +520,7 @@ TEST(EnvLauncher, TwoTorchrunStyleRanksMeetOverTcpAndRankZeroReports) {
   const std::vector<std::string> args = {"run", "--launcher", "env", "--timeout", "30", "-s",
                                          "dist/5-3/float32", "-v", "baseline", "-v", "skip"};
   const int port = free_tcp_port();
-  TemporaryDirectory folder;
+  TemporaryDirectory folder("gradnorm-process-test");
   const EnvironmentChanges env0 = torchrun_environment(0, 2, port);
   const EnvironmentChanges env1 = torchrun_environment(1, 2, port);
   Child rank0(args, env0, folder.path(), "rank0");
