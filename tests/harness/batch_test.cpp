@@ -13,11 +13,6 @@
 #include <string>
 #include <vector>
 
-namespace gradnorm::scenarios {
-// rapidcheck prints a counter-example through this, so it reads as a scenario.
-void showValue(const Scenario& scenario, std::ostream& os) { os << describe(scenario); }
-}  // namespace gradnorm::scenarios
-
 namespace {
 
 using gradnorm::harness::derive_seed;
