@@ -91,6 +91,7 @@ struct RunOptions {
   std::vector<std::string> variant_patterns;
   std::string json_path;
   std::string markdown_path;
+  std::string digests_path;
   bool quiet = false;
   bool ignore_findings = false;
   std::string launcher = "threads";
@@ -157,6 +158,9 @@ int report(const oracles::Evaluation& evaluation, const RunOptions& options,
   if (!options.markdown_path.empty()) {
     reports::write_file_atomically(options.markdown_path,
                                    reports::render_markdown(evaluation, settings));
+  }
+  if (!options.digests_path.empty()) {
+    reports::write_file_atomically(options.digests_path, reports::render_digests(evaluation));
   }
   const std::string table = reports::render_table(evaluation);
   if (options.quiet) {
@@ -324,6 +328,8 @@ int main(int argc, char** argv) {
                   "variant name or shell pattern (repeatable; default: every variant)");
   run->add_option("--json", run_options.json_path, "write one JSON record per row to PATH");
   run->add_option("--markdown", run_options.markdown_path, "write a pull-request report to PATH");
+  run->add_option("--digests", run_options.digests_path,
+                  "write every rank's observation digest to PATH (one line per rank of a row)");
   run->add_flag("--quiet,-q", run_options.quiet, "print the summary line only");
   run->add_option("--launcher", run_options.launcher,
                   "threads (default): ranks as threads; processes: --nproc W processes over "

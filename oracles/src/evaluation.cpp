@@ -112,6 +112,7 @@ Evaluation evaluate(const std::vector<scenarios::Scenario>& scenario_list,
       row.fault = run.fault;
       if (!row.fault && reference.fault) row.fault = "reference " + v.reference + ": " + *reference.fault;
       if (!run.ranks.empty()) row.observation = run.ranks.front();
+      for (const harness::Observation& rank : run.ranks) row.rank_digests.push_back(harness::digest(rank));
       row.verdict = judge_ranks(s, run, oracle->second, reference);
       row.global_token_count = oracle->second.global_token_count;
       const bool has_step = !oracle->second.steps.empty();

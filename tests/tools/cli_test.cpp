@@ -9,7 +9,9 @@
 #include <cstdlib>
 #include <filesystem>
 #include <fstream>
+#include <algorithm>
 #include <iterator>
+#include <sstream>
 #include <stdexcept>
 #include <string>
 #include <vector>
@@ -242,6 +244,55 @@ TEST(Cli, ShowUnknownScenarioIsAUsageError) {
   const CliResult r = run_cli(args);
   EXPECT_EQ(r.exit_code, 2) << explain(args, r);
   EXPECT_TRUE(contains(r.output, "unknown scenario 'nope'")) << explain(args, r);
+}
+
+// The first line where two digest files part, for a failure message that says where.
+std::string first_difference(const std::string& expected, const std::string& actual) {
+  std::istringstream want(expected), got(actual);
+  std::string a, b;
+  for (int line = 1;; ++line) {
+    const bool more_a = static_cast<bool>(std::getline(want, a));
+    const bool more_b = static_cast<bool>(std::getline(got, b));
+    if (!more_a && !more_b) return "no difference";
+    if (a != b || more_a != more_b) {
+      return "line " + std::to_string(line) + ": expected '" + (more_a ? a : "<end>") +
+             "', got '" + (more_b ? b : "<end>") + "'";
+    }
+  }
+}
+
+// Every rank of every row of the default matrix sees the same numbers as when the golden
+// file was written. A change meant to alter numbers regenerates it with
+// `gradnorm run -q --digests tests/tools/golden/default_matrix_digests.tsv` and says why.
+TEST(Cli, DefaultMatrixDigestsAreUnchanged) {
+  TemporaryDirectory dir;
+  const std::string path = (dir.path() / "digests.tsv").string();
+  const std::vector<std::string> args = {"run", "-q", "--digests", path};
+  const CliResult r = run_cli(args);
+  ASSERT_EQ(r.exit_code, 0) << explain(args, r);
+  const std::string expected = read_file(GRADNORM_DIGEST_GOLDEN);
+  const std::string actual = read_file(path);
+  ASSERT_GT(std::count(expected.begin(), expected.end(), '\n'), 3000) << "golden file too short";
+  EXPECT_TRUE(expected == actual) << first_difference(expected, actual);
+}
+
+// Negative control: the digest file tells apart two variants that differ in the last bit
+// (baseline and skip round 1/N differently at N = 3).
+TEST(Cli, DigestsTellApartVariantsThatDifferInOneUlp) {
+  TemporaryDirectory dir;
+  const std::string path = (dir.path() / "digests.tsv").string();
+  const std::vector<std::string> args = {"run", "-q", "-s", "single/n3/float32", "-v", "baseline",
+                                         "-v", "skip", "--digests", path};
+  const CliResult r = run_cli(args);
+  ASSERT_EQ(r.exit_code, 0) << explain(args, r);
+  std::istringstream lines(read_file(path));
+  std::string header, baseline, skip;
+  std::getline(lines, header);
+  std::getline(lines, baseline);
+  std::getline(lines, skip);
+  ASSERT_TRUE(contains(baseline, "\tbaseline\t0\t")) << baseline;
+  ASSERT_TRUE(contains(skip, "\tskip\t0\t")) << skip;
+  EXPECT_NE(baseline.substr(baseline.rfind('\t')), skip.substr(skip.rfind('\t')));
 }
 
 }  // namespace

@@ -4,6 +4,7 @@
 // control must be flagged wherever its bug is visible.
 
 #include <chrono>
+#include <cstdint>
 #include <optional>
 #include <string>
 #include <vector>
@@ -25,6 +26,9 @@ struct EvaluationRow {
   scenarios::Scenario scenario;
   harness::VariantSpec variant;
   harness::Observation observation;  // rank 0's; every rank is judged
+  // harness::digest of every rank's observation, in rank order: equal digests before and
+  // after a change prove the change altered no number a user sees.
+  std::vector<std::uint64_t> rank_digests;
   int world_size = 1;
   std::optional<std::string> fault;  // the run aborted: which rank and why
   Verdict verdict;

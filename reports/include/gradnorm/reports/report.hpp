@@ -39,6 +39,10 @@ struct Summary {
 [[nodiscard]] std::string render_markdown(const oracles::Evaluation& evaluation,
                                           const harness::RunSettings& settings);
 
+// One line per rank of every row: scenario, variant, rank and the observation's digest,
+// tab-separated. Two runs whose digest files are equal saw bit-identical numbers.
+[[nodiscard]] std::string render_digests(const oracles::Evaluation& evaluation);
+
 // Writes `text` to `path` through a temporary file renamed into place, so a reader never
 // sees half a report. Throws scenarios::InvalidInput naming the path on failure.
 void write_file_atomically(const std::string& path, const std::string& text);
