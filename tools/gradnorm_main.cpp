@@ -235,7 +235,9 @@ int list_command(bool scenarios_only, bool variants_only) {
   }
   if (!scenarios_only) {
     for (const harness::VariantSpec& v : harness::variants()) {
-      fmt::print("{:<32} {:<17} {}\n", v.name, harness::to_string(v.role), v.models);
+      fmt::print("{:<32} {:<17} reference {}\n", v.name, harness::to_string(v.role), v.reference);
+      fmt::print("    {}\n", v.summary);
+      for (const harness::Citation& c : v.cites) fmt::print("    {}\n", harness::to_string(c));
     }
   }
   return kExitAsExpected;

@@ -12,43 +12,12 @@
 namespace gradnorm::oracles {
 namespace {
 
-using harness::Regression;
-
-// Where a negative control's bug changes what a user sees, decided from the scenario and
-// the oracle alone (never from the control's own output).
-std::pair<bool, std::string> bug_visible(const harness::VariantSpec& v, const scenarios::Scenario& s,
-                                         const OracleResult& oracle) {
-  const bool skip_active = harness::skip_gate_open(v, s);
-  const long n = oracle.global_token_count;
-  const bool clip_bites = s.clip_max_norm && !oracle.steps.empty() &&
-                          oracle.steps.front().clip_coef < 0.5;
-  switch (v.regression) {
-    case Regression::none: return {false, ""};
-    case Regression::step_inside_skip_gate:
-      if (n > 0 && skip_active) return {true, "skip gate open and N > 0: the step must move"};
-      return {false, "skip gate closed or N == 0: the gated step runs or nothing exists"};
-    case Regression::clip_inside_skip_gate:
-      if (n > 0 && skip_active && clip_bites) {
-        return {true, "skip gate open and clipping scales the gradients by < 0.5"};
-      }
-      return {false, "skip gate closed or clipping does not bite"};
-    case Regression::logged_loss_divided_by_n:
-      if (n > 0 && n != s.world_size && skip_active) {
-        return {true, "skip gate open and N != W: dividing by N instead of W changes the loss"};
-      }
-      return {false, "skip gate closed or N == W: dividing by N changes nothing"};
-    case Regression::scale_pass_dropped:
-      if (n > 0 && n != s.world_size && !s.optimizer_in_backward) {
-        return {true, "N != W: the missing scale W/N is not 1"};
-      }
-      return {false, "N == W or optimizer in backward: the dropped scale is 1 or absent"};
-    case Regression::non_finite_gradients_zeroed:
-      if (n == 0 && s.loss != scenarios::LossKind::linear_ce) {
-        return {true, "N == 0 and the loss yields NaN gradients that the control hides"};
-      }
-      return {false, "gradients are finite (or backward raises) so there is nothing to hide"};
-  }
-  return {false, ""};
+// What the oracle says about the scenario, for a control's bug_visible rule.
+harness::ContractFacts contract_facts(const scenarios::Scenario& s, const OracleResult& oracle) {
+  harness::ContractFacts facts;
+  facts.global_token_count = oracle.global_token_count;
+  if (s.clip_max_norm && !oracle.steps.empty()) facts.first_clip_coef = oracle.steps.front().clip_coef;
+  return facts;
 }
 
 const scenarios::ExpectedVerdict* documented_finding(const scenarios::Scenario& s,
@@ -129,10 +98,10 @@ Evaluation evaluate(const std::vector<scenarios::Scenario>& scenario_list,
       const bool agreed = row.verdict.kind == VerdictKind::pass ||
                           row.verdict.kind == VerdictKind::expected_error;
       if (v.role == harness::Role::negative_control) {
-        auto [visible, why] = bug_visible(v, s, oracle->second);
-        row.applicability = why;
-        row.expectation = visible ? Expectation::flag : Expectation::not_applicable;
-        row.met = !visible || !agreed;
+        const harness::Visibility visibility = v.bug_visible(s, contract_facts(s, oracle->second));
+        row.applicability = visibility.why;
+        row.expectation = visibility.visible ? Expectation::flag : Expectation::not_applicable;
+        row.met = !visibility.visible || !agreed;
       } else if (const scenarios::ExpectedVerdict* finding =
                      options.use_documented_findings ? documented_finding(s, v) : nullptr) {
         row.expectation = Expectation::finding;

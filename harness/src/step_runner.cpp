@@ -1,0 +1,211 @@
+// Runs one registered step on one rank: builds what the step needs from the scenario (the
+// model, the loss, the recording optimizer), hands the step one window of micro-batches
+// per optimizer step, and records what a user would see (docs/design.md §4).
+#include <ATen/ATen.h>
+
+#include <fmt/format.h>
+
+#include "gradnorm/harness/loss.hpp"
+#include "gradnorm/harness/runner.hpp"
+#include "gradnorm/harness/step.hpp"
+
+namespace gradnorm::harness {
+namespace {
+
+// Another rank's step raised: this rank stops at its next collective.
+struct PeerFailure {};
+
+// The communicator a step talks through. Before every collective, and once at the end of
+// every step, all ranks agree whether any rank's step raised (an all-reduce of a flag); a
+// rank whose step raised joins that agreement once with its flag set. So every rank learns
+// of the failure at the same collective, and none waits for a peer that has stopped.
+class StepCommunicator final : public Communicator {
+ public:
+  explicit StepCommunicator(Communicator& inner) : inner_(inner) {}
+  int rank() const override { return inner_.rank(); }
+  int world_size() const override { return inner_.world_size(); }
+  std::string kind() const override { return inner_.kind(); }
+  void all_reduce_sum(std::vector<at::Tensor>& tensors) override {
+    check_peers();
+    inner_.all_reduce_sum(tensors);
+  }
+  void barrier() override {
+    check_peers();
+    inner_.barrier();
+  }
+  void check_peers() {
+    if (inner_.any(false)) throw PeerFailure{};
+  }
+  void announce_failure() { (void)inner_.any(true); }
+
+ private:
+  Communicator& inner_;
+};
+
+std::vector<NamedTensor> snapshot_parameters(const Model& model) {
+  std::vector<NamedTensor> out;
+  for (const Parameter& p : model.parameters()) {
+    if (p.trainable) out.push_back({p.name, p.value.detach().clone()});
+  }
+  return out;
+}
+
+class RankRun final : public StepContext {
+ public:
+  RankRun(const VariantSpec& variant, const scenarios::Scenario& scenario,
+          const BatchSource& batches, Communicator& comm, const FaultInjection& fault,
+          Observation& out)
+      : scenario_(scenario),
+        batches_(batches),
+        comm_(comm),
+        fault_(fault),
+        out_(out),
+        model_(scenario, model_config_for(variant, scenario)),
+        optimizer_(scenario, model_, out.counters),
+        loss_options_{scenario.loss, scenario.loss_chunks},
+        step_(variant.make()) {
+    TORCH_INTERNAL_ASSERT(step_, "harness bug: variant '", variant.name, "' made no step");
+  }
+
+  // Returns when every step is done or when some rank's step raised (recorded in the
+  // observation: the error itself on that rank, "peer-failure" on the others).
+  void train() {
+    out_.initial_parameters = snapshot_parameters(model_);
+    if (!guarded([&] { step_->prepare(*this); })) return;
+    for (int step = 0; step < scenario_.steps; ++step) {
+      inject_fault(step);
+      begin_step(step);
+      if (!guarded([&] {
+            step_->train_step(*this);
+            step_comm_.check_peers();
+          })) {
+        return;
+      }
+      StepRecord record;
+      record.gradients = optimizer_.consumed();
+      record.grad_norm = grad_norm_;
+      record.logged_loss = logged_loss_;
+      record.parameters_after = snapshot_parameters(model_);
+      out_.steps.push_back(std::move(record));
+    }
+  }
+
+  const scenarios::Scenario& scenario() const override { return scenario_; }
+  int step_index() const override { return step_index_; }
+  const std::vector<MicroBatch>& micro_batches() const override { return window_; }
+  Model& model() const override { return model_; }
+  at::Tensor loss(const at::Tensor& logits, const at::Tensor& labels) const override {
+    return recipe_loss(logits, labels, loss_options_);
+  }
+  Optimizer& optimizer() const override { return optimizer_; }
+  Communicator& comm() const override { return step_comm_; }
+  Counters& counters() const override { return out_.counters; }
+  void log_loss(double value) override { logged_loss_ = value; }
+  void report_grad_norm(double value) override { grad_norm_ = value; }
+
+ private:
+  // Runs part of the step; false when it raised (here or on another rank), recorded.
+  template <typename Body>
+  bool guarded(Body&& body) {
+    try {
+      body();
+      return true;
+    } catch (const PeerFailure&) {
+      out_.error = ErrorRecord{"peer-failure", "another rank's step raised"};
+    } catch (const RecipeRefusal& refusal) {
+      out_.error = ErrorRecord{"refusal", refusal.what()};
+      step_comm_.announce_failure();
+    } catch (const c10::Error& error) {
+      out_.error = ErrorRecord{"c10::Error", first_line(error.what_without_backtrace())};
+      step_comm_.announce_failure();
+    }
+    return false;
+  }
+
+  void inject_fault(int step) const {
+    if (fault_.rank != comm_.rank() || fault_.step != step) return;
+    switch (fault_.kind) {
+      case FaultKind::none: return;
+      case FaultKind::throw_error:
+        throw std::runtime_error(fmt::format("injected fault: rank {} throws", comm_.rank()));
+      case FaultKind::exit_early: throw RankExit{};
+      case FaultKind::hang: fault_.hang(); return;
+    }
+  }
+
+  void begin_step(int step) {
+    step_index_ = step;
+    window_.clear();
+    const int rank = comm_.rank();
+    for (int micro = 0; micro < scenario_.accumulation_steps; ++micro) {
+      window_.push_back(batches_(rank, step, micro));
+      const long valid = window_.back().labels.ne(kIgnoreIndex).sum().item<long>();
+      const int wanted =
+          scenario_.valid_tokens[static_cast<std::size_t>(rank)][static_cast<std::size_t>(micro)];
+      if (valid != wanted) {
+        throw scenarios::InvalidInput(fmt::format(
+            "scenario '{}': the batch source gave rank {} step {} micro-batch {} with {} valid "
+            "labels, but the scenario asks for {}",
+            scenario_.name, rank, step, micro, valid, wanted));
+      }
+    }
+    optimizer_.begin_recording();
+    logged_loss_.reset();
+    grad_norm_.reset();
+  }
+
+  const scenarios::Scenario& scenario_;
+  const BatchSource& batches_;
+  Communicator& comm_;
+  const FaultInjection& fault_;
+  Observation& out_;
+  mutable Model model_;
+  mutable Optimizer optimizer_;
+  mutable StepCommunicator step_comm_{comm_};
+  LossOptions loss_options_;
+  std::unique_ptr<Step> step_;
+  int step_index_ = 0;
+  std::vector<MicroBatch> window_;
+  std::optional<double> logged_loss_;
+  std::optional<double> grad_norm_;
+};
+
+}  // namespace
+
+std::string first_line(const std::string& text) {
+  std::string line = text.substr(0, text.find('\n'));
+  const auto trailer = line.find("Exception raised from");
+  if (trailer != std::string::npos) line = line.substr(0, trailer);
+  while (!line.empty() && (line.back() == ' ' || line.back() == '\r')) line.pop_back();
+  return line;
+}
+
+Observation run_rank(const VariantSpec& variant, const scenarios::Scenario& scenario,
+                     const BatchSource& batches, Communicator& comm,
+                     const FaultInjection& fault) {
+  Observation out;
+  out.scenario = scenario.name;
+  out.variant = variant.name;
+  out.rank = comm.rank();
+  RankRun run(variant, scenario, batches, comm, fault, out);
+  run.train();
+  return out;
+}
+
+Observation run_single_device(const VariantSpec& variant, const scenarios::Scenario& scenario) {
+  return run_single_device(variant, scenario, scenario_batches(scenario));
+}
+
+Observation run_single_device(const VariantSpec& variant, const scenarios::Scenario& scenario,
+                              const BatchSource& batches) {
+  scenarios::validate(scenario);
+  if (scenario.world_size != 1) {
+    throw scenarios::InvalidInput(fmt::format(
+        "scenario '{}': world_size is {} but the single-device runner needs 1", scenario.name,
+        scenario.world_size));
+  }
+  SoloCommunicator solo;
+  return run_rank(variant, scenario, batches, solo, FaultInjection{});
+}
+
+}  // namespace gradnorm::harness

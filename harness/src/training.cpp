@@ -1,0 +1,78 @@
+#include "gradnorm/harness/training.hpp"
+
+#include <ATen/ATen.h>
+#include <torch/types.h>
+#include <torch/nn/utils/clip_grad.h>
+
+#include "gradnorm/harness/step.hpp"
+
+namespace gradnorm::harness::training {
+
+at::Tensor valid_token_count(const MicroBatch& batch) { return batch.labels.ne(kIgnoreIndex).sum(); }
+
+void backward(StepContext& context, const at::Tensor& loss) {
+  ++context.counters().backward_calls;
+  loss.backward();
+}
+
+void scale_grads(StepContext& context, const at::Tensor& scaler) {
+  at::NoGradGuard no_grad;
+  for (const at::Tensor& p : context.optimizer().parameters()) {
+    if (p.grad().defined()) p.mutable_grad().mul_(scaler);
+  }
+  ++context.counters().scale_passes;
+}
+
+void rank_average(StepContext& context) {
+  const int world = context.world_size();
+  if (world == 1) return;
+  at::NoGradGuard no_grad;
+  std::vector<at::Tensor> grads;
+  for (at::Tensor p : context.optimizer().parameters()) {
+    if (!p.grad().defined()) p.mutable_grad() = at::zeros_like(p);
+    grads.push_back(p.grad());
+  }
+  const bool before =
+      context.scenario().rank_average == scenarios::RankAverage::divide_before_sum;
+  if (before) {
+    for (at::Tensor& g : grads) g.div_(world);
+  }
+  context.comm().all_reduce_sum(grads);
+  if (!before) {
+    for (at::Tensor& g : grads) g.div_(world);
+  }
+  ++context.counters().reduce_passes;
+}
+
+double clip_grad_norm(StepContext& context, double max_norm) {
+  ++context.counters().clip_calls;
+  const double norm = torch::nn::utils::clip_grad_norm_(context.optimizer().parameters(), max_norm);
+  context.report_grad_norm(norm);
+  return norm;
+}
+
+double loss_to_log(const at::Tensor& running_loss, const at::Tensor& num_tokens) {
+  const double running = running_loss.item<double>();
+  return (at::scalar_tensor(running, at::kFloat) / num_tokens.to(at::kFloat)).item<double>();
+}
+
+void register_optim_in_bwd_hooks(StepContext& context) {
+  Optimizer& optimizer = context.optimizer();
+  optimizer.use_per_parameter_optimizers();
+  for (std::size_t i = 0; i < optimizer.parameters().size(); ++i) {
+    at::Tensor param = optimizer.parameters()[i];
+    // The hook reaches its parameter through the optimizer: a tensor holding a hook that
+    // holds the tensor would never be freed.
+    param.register_hook([&optimizer, i](const at::Tensor& grad) {
+      at::Tensor own = optimizer.parameters()[i];
+      own.mutable_grad() = grad.detach().clone();
+      optimizer.step_parameter(i);
+      own.mutable_grad() = at::Tensor();
+      // LibTorch 1.13 has no post-accumulate hook: AccumulateGrad then stores these zeros,
+      // which the recipe's zero_grad(set_to_none=True) clears after backward.
+      return at::zeros_like(grad);
+    });
+  }
+}
+
+}  // namespace gradnorm::harness::training
