@@ -96,6 +96,30 @@ TEST(Cli, FuzzRunsEveryPropertyAndReplaysFromItsSeed) {
   EXPECT_EQ(run_cli(args).output, first.output);
 }
 
+// global-prenorm's documented all-masked finding, found again from scratch: rapidcheck
+// shrinks to a single empty micro-batch, where the candidate steps on finite zeros while its
+// reference's gradients turn NaN.
+TEST(Cli, FuzzingACandidateShrinksToItsSmallestFinding) {
+  const std::vector<std::string> args = {"fuzz", "-v", "global-prenorm", "--cases", "15", "--seed", "4"};
+  const CliResult r = run_cli(args);
+  EXPECT_EQ(r.exit_code, 1) << explain(args, r);
+  EXPECT_TRUE(contains(r.output, "W=1 A=1 counts=[[0]] B=1 T=2")) << explain(args, r);
+  EXPECT_TRUE(contains(r.output, "verdict error-mismatch")) << explain(args, r);
+  EXPECT_TRUE(contains(r.output, "global-prenorm agrees where its reference does, on ragged ranks\nOK"))
+      << explain(args, r);
+}
+
+// Negative control: a step that weighs tokens 1/n_r fails on the first ragged case, and the
+// counter-example explains itself with its per-token weights.
+TEST(Cli, FuzzingAWrongStepFailsWithAnExplainedCounterExample) {
+  const std::vector<std::string> args = {"fuzz", "-v", "world-size-only", "--cases", "15", "--seed", "4"};
+  const CliResult r = run_cli(args);
+  EXPECT_EQ(r.exit_code, 1) << explain(args, r);
+  EXPECT_TRUE(contains(r.output, "Falsifiable")) << explain(args, r);
+  EXPECT_TRUE(contains(r.output, "per-token weights (token-probe model), contract 1/N")) << explain(args, r);
+  EXPECT_TRUE(contains(r.output, "a property failed")) << explain(args, r);
+}
+
 TEST(Cli, FuzzRejectsZeroCases) {
   const std::vector<std::string> args = {"fuzz", "--cases", "0"};
   const CliResult r = run_cli(args);
@@ -228,6 +252,8 @@ TEST(Cli, ListVariants) {
   EXPECT_EQ(r.exit_code, 0) << explain(args, r);
   EXPECT_TRUE(contains(r.output, "baseline")) << explain(args, r);
   EXPECT_TRUE(contains(r.output, "broken/scale-pass-dropped")) << explain(args, r);
+  EXPECT_TRUE(contains(r.output, "torchtune@bd2a0fc7 recipes/full_finetune_distributed.py:1027-1069"))
+      << explain(args, r);
   EXPECT_FALSE(contains(r.output, "single/n3/float32")) << explain(args, r);
 }
 

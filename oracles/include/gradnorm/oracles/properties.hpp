@@ -10,6 +10,7 @@
 #include <string>
 
 #include "gradnorm/harness/runner.hpp"
+#include "gradnorm/oracles/judgement.hpp"
 #include "gradnorm/oracles/oracle.hpp"
 #include "gradnorm/oracles/token_weights.hpp"
 #include "gradnorm/oracles/verdict.hpp"
@@ -103,6 +104,18 @@ inline void skip_passes_iff_ranks_are_balanced(const scenarios::Scenario& s) {
   scenarios::Scenario probe = s;
   probe.model = scenarios::ModelKind::token_probe;
   RC_ASSERT((judge_variant(probe, "skip").kind == VerdictKind::pass) == balanced);
+}
+
+// Any step, built-in or a user's: it agrees with the oracle wherever its reference does. A
+// window where the reference itself fails (a documented weakness of the recipe) is not the
+// step's fault; rapidcheck's classification counts those.
+inline void agrees_where_reference_does(const std::string& variant, const scenarios::Scenario& s) {
+  const Judgement judgement = judge_step(variant, s);
+  RC_CLASSIFY(!judgement.reference_agrees(), "reference itself disagrees");
+  if (judgement.reference_agrees() && !judgement.agrees()) {
+    RC_LOG() << explain(judgement);
+    RC_FAIL(variant + " disagrees with the oracle where its reference agrees");
+  }
 }
 
 }  // namespace gradnorm::oracles::properties

@@ -3,12 +3,17 @@
 // scenarios; what ctest runs bounded, run for as long as asked.
 
 #include <cstdint>
+#include <string>
+#include <vector>
 
 namespace gradnorm::tools {
 
 struct FuzzOptions {
   int cases = 1000;         // per property
   std::uint64_t seed = 1;   // the same seed replays the same scenarios
+  // Steps to fuzz (names or patterns): each must agree with the oracle wherever its
+  // reference does. Empty: the harness's own properties.
+  std::vector<std::string> variants;
 };
 
 // 0 when every property held; 1 with the smallest counter-example printed as a scenario.

@@ -1,0 +1,13 @@
+#!/usr/bin/env bash
+# Installs this build of gradnorm into a fresh prefix, then configures, builds and tests
+# examples/own-step against that install only, as a user's own project would.
+# Usage: own_step_against_install.sh BUILD_DIR SOURCE_DIR WORK_DIR
+set -euo pipefail
+build=$(realpath "$1") source=$(realpath "$2") work=$(realpath -m "$3")
+rm -rf "$work"
+cmake --install "$build" --prefix "$work/prefix" > "$work.install.log" 2>&1 ||
+  { cat "$work.install.log"; exit 1; }
+cmake -G Ninja -S "$source/examples/own-step" -B "$work/build" \
+  -DCMAKE_BUILD_TYPE=RelWithDebInfo -DCMAKE_PREFIX_PATH="$work/prefix"
+cmake --build "$work/build" --parallel "$(nproc)"
+ctest --test-dir "$work/build" --output-on-failure --timeout 300

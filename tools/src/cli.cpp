@@ -1,0 +1,454 @@
+// gradnorm: runs named scenarios x registered steps against the float64 oracle. Exit codes:
+// 0 every row as expected, 1 some verdict was not what was expected, 2 usage or input
+// error, 3 a rank failed (threw outside the recipe, exited or hung).
+#include "gradnorm/tools/cli.hpp"
+
+#include <CLI/CLI.hpp>
+#include <fmt/format.h>
+#include <nlohmann/json.hpp>
+
+#include <c10/util/Exception.h>
+
+#include <algorithm>
+#include <cstdio>
+#include <iostream>
+#include <set>
+
+#include "gradnorm/harness/determinism.hpp"
+#include "gradnorm/harness/variant.hpp"
+#include "gradnorm/oracles/evaluation.hpp"
+#include "gradnorm/oracles/oracle.hpp"
+#include "gradnorm/oracles/token_weights.hpp"
+#include "gradnorm/reports/report.hpp"
+#include "gradnorm/harness/transport.hpp"
+#include "bench.hpp"
+#include "fuzz.hpp"
+#include "process_supervisor.hpp"
+#include "gradnorm/scenarios/catalogue.hpp"
+#include "gradnorm/scenarios/scenario_file.hpp"
+
+namespace {
+
+using namespace gradnorm;
+
+constexpr int kExitAsExpected = 0;
+constexpr int kExitUnexpected = 1;
+constexpr int kExitUsage = 2;
+
+// The union of what each pattern selects, in the registry's own order; no pattern: all.
+template <typename Item, typename Select>
+std::vector<Item> pick(const std::vector<Item>& all, const std::vector<std::string>& patterns,
+                       Select select) {
+  if (patterns.empty()) return all;
+  std::set<std::string> wanted;
+  for (const std::string& pattern : patterns) {
+    for (const Item& item : select(pattern)) wanted.insert(item.name);
+  }
+  std::vector<Item> out;
+  for (const Item& item : all) {
+    if (wanted.count(item.name)) out.push_back(item);
+  }
+  return out;
+}
+
+// The catalogue plus every scenario file; only the files' scenarios when files are given
+// and no pattern is.
+std::vector<scenarios::Scenario> scenario_pool(const std::vector<std::string>& files,
+                                               bool files_only) {
+  std::vector<scenarios::Scenario> pool;
+  if (!files_only) pool = scenarios::catalogue();
+  for (const std::string& file : files) {
+    for (scenarios::Scenario& s : scenarios::load_scenario_file(file)) {
+      for (const scenarios::Scenario& known : pool) {
+        if (known.name == s.name) {
+          throw scenarios::InvalidInput(fmt::format(
+              "{}: scenario '{}' is already defined (catalogue or an earlier file)", file, s.name));
+        }
+      }
+      pool.push_back(std::move(s));
+    }
+  }
+  return pool;
+}
+
+std::vector<scenarios::Scenario> pick_scenarios(const std::vector<std::string>& patterns,
+                                                const std::vector<std::string>& files) {
+  const auto pool = scenario_pool(files, patterns.empty() && !files.empty());
+  return pick(pool, patterns, [&pool](std::string_view pattern) {
+    return scenarios::select_scenarios(pool, pattern);
+  });
+}
+
+const scenarios::Scenario& find_named(const std::vector<scenarios::Scenario>& pool,
+                                      const std::string& name) {
+  return scenarios::find_scenario(pool, name);
+}
+
+std::vector<harness::VariantSpec> pick_variants(const std::vector<std::string>& patterns) {
+  return pick(harness::variants(), patterns, harness::select_variants);
+}
+
+struct RunOptions {
+  std::vector<std::string> scenario_patterns;
+  std::vector<std::string> variant_patterns;
+  std::string json_path;
+  std::string markdown_path;
+  std::string digests_path;
+  bool quiet = false;
+  bool ignore_findings = false;
+  std::string launcher = "threads";
+  int processes = 0;
+  double timeout_seconds = 60;
+  std::string fault;
+  std::string backend = "gloo";
+  std::vector<std::string> scenario_files;
+};
+
+std::chrono::milliseconds timeout_of(const RunOptions& options) {
+  return std::chrono::milliseconds(static_cast<long>(options.timeout_seconds * 1000));
+}
+
+// The same command line for a rank process, with "--launcher env" (added when --nproc
+// alone chose processes, so a rank never starts ranks of its own).
+std::vector<std::string> rank_arguments(int argc, char** argv) {
+  std::vector<std::string> out;
+  bool launcher_given = false;
+  for (int i = 1; i < argc; ++i) {
+    const std::string arg = argv[i];
+    if (arg == "--launcher" && i + 1 < argc) {
+      out.push_back(arg);
+      out.push_back("env");
+      launcher_given = true;
+      ++i;
+    } else if (arg.rfind("--launcher=", 0) == 0) {
+      out.push_back("--launcher=env");
+      launcher_given = true;
+    } else {
+      out.push_back(arg);
+    }
+  }
+  if (!launcher_given) {
+    out.push_back("--launcher");
+    out.push_back("env");
+  }
+  return out;
+}
+
+std::vector<scenarios::Scenario> with_world_size(std::vector<scenarios::Scenario> list, int world) {
+  std::erase_if(list, [world](const scenarios::Scenario& s) { return s.world_size != world; });
+  if (list.empty()) {
+    throw scenarios::InvalidInput(fmt::format(
+        "no selected scenario has world_size {}: pick one with --scenario (e.g. dist/5-3/float32 "
+        "for 2 ranks) or change --nproc",
+        world));
+  }
+  return list;
+}
+
+int report(const oracles::Evaluation& evaluation, const RunOptions& options,
+           const harness::RunSettings& settings) {
+  if (evaluation.fault) {
+    // Nothing half-done is presented as complete: no report files for an aborted run.
+    fmt::print(stderr, "gradnorm: run aborted: {}\n", *evaluation.fault);
+    return tools::kExitRankFailed;
+  }
+  // Reports are complete before anything is printed as done; each is written atomically.
+  if (!options.json_path.empty()) {
+    reports::write_file_atomically(options.json_path,
+                                   reports::to_json(evaluation, settings).dump(2) + "\n");
+  }
+  if (!options.markdown_path.empty()) {
+    reports::write_file_atomically(options.markdown_path,
+                                   reports::render_markdown(evaluation, settings));
+  }
+  if (!options.digests_path.empty()) {
+    reports::write_file_atomically(options.digests_path, reports::render_digests(evaluation));
+  }
+  const std::string table = reports::render_table(evaluation);
+  if (options.quiet) {
+    std::fputs(table.substr(table.rfind("\n", table.size() - 2) + 1).c_str(), stdout);
+  } else {
+    std::fputs(table.c_str(), stdout);
+  }
+  if (!evaluation.skipped.empty()) {
+    fmt::print("{} pairs left out (the harness cannot run them), e.g. {} x {}: {}\n",
+               evaluation.skipped.size(), evaluation.skipped.front().scenario,
+               evaluation.skipped.front().variant, evaluation.skipped.front().why);
+  }
+  return evaluation.all_met() ? kExitAsExpected : kExitUnexpected;
+}
+
+int run_command(const RunOptions& options, int argc, char** argv) {
+  auto scenario_list = pick_scenarios(options.scenario_patterns, options.scenario_files);
+  const auto variant_list = pick_variants(options.variant_patterns);
+  harness::RunOptions run_options;
+  run_options.timeout = timeout_of(options);
+  if (!options.fault.empty()) run_options.fault = harness::parse_fault(options.fault);
+
+  if (options.launcher == "processes") {
+    if (options.processes < 1) {
+      throw scenarios::InvalidInput("--launcher processes needs --nproc W (the number of ranks)");
+    }
+    (void)with_world_size(scenario_list, options.processes);  // fail here, not in W children
+    if (options.backend == "nccl" && !harness::nccl_compiled_in()) {
+      throw scenarios::InvalidInput(
+          "--backend nccl: this gradnorm was built without NCCL; configure with "
+          "-DGRADNORM_WITH_NCCL=ON against a CUDA-enabled LibTorch (see the README)");
+    }
+    return tools::supervise(tools::SupervisorOptions{
+        .processes = options.processes,
+        .timeout = run_options.timeout,
+        .rank_arguments = rank_arguments(argc, argv)});
+  }
+
+  oracles::EvaluateOptions evaluate_options{
+      .timeout = run_options.timeout,
+      .use_documented_findings = !options.ignore_findings};
+  std::unique_ptr<harness::Transport> transport;
+  if (options.launcher == "env") {
+    const harness::Rendezvous rendezvous = harness::rendezvous_from_environment();
+    scenario_list = with_world_size(scenario_list, rendezvous.world_size);
+    harness::DeterminismGuard guard;
+    transport = harness::make_process_group_transport(rendezvous, run_options, options.backend);
+    evaluate_options.transport = transport.get();
+    const oracles::Evaluation evaluation =
+        oracles::evaluate(scenario_list, variant_list, evaluate_options);
+    if (rendezvous.rank != 0) return kExitAsExpected;  // rank 0 reports for everyone
+    harness::RunSettings settings = guard.settings();
+    settings.transport = fmt::format("{} processes x {}", options.backend, rendezvous.world_size);
+    return report(evaluation, options, settings);
+  }
+
+  harness::DeterminismGuard guard;
+  harness::ThreadTransport threads(run_options);
+  evaluate_options.transport = &threads;
+  const oracles::Evaluation evaluation =
+      oracles::evaluate(scenario_list, variant_list, evaluate_options);
+  harness::RunSettings settings = guard.settings();
+  settings.transport = "threads";
+  return report(evaluation, options, settings);
+}
+
+int list_command(bool scenarios_only, bool variants_only) {
+  if (!variants_only) {
+    for (const scenarios::Scenario& s : scenarios::catalogue()) {
+      fmt::print("{}\n", scenarios::describe(s));
+    }
+  }
+  if (!scenarios_only) {
+    for (const harness::VariantSpec& v : harness::variants()) {
+      fmt::print("{:<32} {:<17} reference {}\n", v.name, harness::to_string(v.role), v.reference);
+      fmt::print("    {}\n", v.summary);
+      for (const harness::Citation& c : v.cites) fmt::print("    {}\n", harness::to_string(c));
+    }
+  }
+  return kExitAsExpected;
+}
+
+int show_command(const std::string& name, const std::vector<std::string>& files) {
+  const auto pool = scenario_pool(files, false);
+  const scenarios::Scenario& s = find_named(pool, name);
+  fmt::print("{}\n", scenarios::describe(s));
+  fmt::print("N = {} valid tokens; per rank:", s.global_token_count());
+  for (int rank = 0; rank < s.world_size; ++rank) fmt::print(" {}", s.rank_token_count(rank));
+  fmt::print("\n");
+  harness::DeterminismGuard guard;
+  const oracles::OracleResult oracle =
+      oracles::run_oracle(s, harness::model_config_for(harness::find_variant("baseline"), s));
+  fmt::print("contract: {}\n", oracle.contract);
+  for (std::size_t step = 0; step < oracle.steps.size(); ++step) {
+    fmt::print("oracle step {}: loss {:.9g}, grad norm {:.9g}, clip coef {:.6g}\n", step,
+               oracle.steps[step].loss, oracle.steps[step].total_norm, oracle.steps[step].clip_coef);
+  }
+  for (const scenarios::ExpectedVerdict& e : s.expected_verdicts) {
+    fmt::print("documented finding: {} -> {}: {}\n", e.variant_pattern, e.verdict, e.reason);
+  }
+  return kExitAsExpected;
+}
+
+std::string weight_range(const std::vector<double>& weights) {
+  if (weights.empty()) return "-";
+  const auto [low, high] = std::minmax_element(weights.begin(), weights.end());
+  if (*low == *high) return fmt::format("{:.6g}", *low);
+  return fmt::format("{:.6g} .. {:.6g}", *low, *high);
+}
+
+int explain_command(const std::string& name, const std::vector<std::string>& variant_patterns,
+                    const std::vector<std::string>& files) {
+  const auto pool = scenario_pool(files, false);
+  const scenarios::Scenario& s = find_named(pool, name);
+  std::vector<std::string> patterns = variant_patterns;
+  if (patterns.empty()) patterns = {"baseline", "skip", "world-size-only", "global-prenorm"};
+  const auto variant_list = pick_variants(patterns);
+  harness::DeterminismGuard guard;
+  fmt::print("{}: W={}, N={}; tokens per rank:", s.name, s.world_size, s.global_token_count());
+  for (int rank = 0; rank < s.world_size; ++rank) fmt::print(" {}", s.rank_token_count(rank));
+  fmt::print("\nToken-weight probe: one zero-initialised parameter row per token position, so each\n"
+             "token's gradient is its own row and its weight is read off exactly.\n\n");
+  fmt::print("{:<32} {:>5} {:>7} {:>14} {:>22} {:>9}\n", "variant", "rank", "tokens", "expected",
+             "observed", "ratio");
+  for (const harness::VariantSpec& v : variant_list) {
+    if (auto why = harness::not_applicable(v, s)) {
+      fmt::print("{:<32} not applicable: {}\n", v.name, *why);
+      continue;
+    }
+    const oracles::TokenWeightReport report = oracles::probe_token_weights(s, v);
+    if (report.outcome != "ok") {
+      fmt::print("{:<32} {}\n", v.name, report.outcome);
+      continue;
+    }
+    for (const oracles::RankTokenWeights& rank : report.ranks) {
+      std::string ratio = "-";
+      if (!rank.weights.empty()) {
+        const auto [low, high] = std::minmax_element(rank.weights.begin(), rank.weights.end());
+        ratio = *low == *high ? fmt::format("{:.4g}", *low / report.expected_weight)
+                              : fmt::format("{:.4g}..{:.4g}", *low / report.expected_weight,
+                                            *high / report.expected_weight);
+      }
+      fmt::print("{:<32} {:>5} {:>7} {:>14.6g} {:>22} {:>9}\n", v.name, rank.rank, rank.tokens,
+                 report.expected_weight, weight_range(rank.weights), ratio);
+    }
+    fmt::print("{:<32} weights rel L2 error {:.4g} (orthogonal per-token gradients)\n", v.name,
+               report.rel_l2_error);
+  }
+  return kExitAsExpected;
+}
+
+}  // namespace
+
+namespace gradnorm::tools {
+
+int run_command_line(int argc, char** argv) {
+  CLI::App app{"gradnorm: proves whether a training step normalises losses and gradients like "
+               "a float64 oracle"};
+  app.require_subcommand(1);
+
+  RunOptions run_options;
+  CLI::App* run = app.add_subcommand("run", "run scenarios x variants and print the verdicts");
+  run->add_option("--scenario,-s", run_options.scenario_patterns,
+                  "scenario name or shell pattern (repeatable; default: the whole catalogue)");
+  run->add_option("--scenario-file,-f", run_options.scenario_files,
+                  "TOML file of [[scenario]] tables (repeatable); alone, runs only its scenarios")
+      ->check(CLI::ExistingFile);
+  run->add_option("--variant,-v", run_options.variant_patterns,
+                  "variant name or shell pattern (repeatable; default: every variant)");
+  run->add_option("--json", run_options.json_path, "write one JSON record per row to PATH");
+  run->add_option("--markdown", run_options.markdown_path, "write a pull-request report to PATH");
+  run->add_option("--digests", run_options.digests_path,
+                  "write every rank's observation digest to PATH (one line per rank of a row)");
+  run->add_flag("--quiet,-q", run_options.quiet, "print the summary line only");
+  run->add_option("--launcher", run_options.launcher,
+                  "threads (default): ranks as threads; processes: --nproc W processes over "
+                  "c10d Gloo started here; env: this process is one rank, from RANK, "
+                  "WORLD_SIZE and MASTER_ADDR/MASTER_PORT (torchrun style) or GRADNORM_STORE")
+      ->check(CLI::IsMember({"threads", "processes", "env"}));
+  run->add_option("--backend", run_options.backend,
+                  "c10d backend of rank processes: gloo (default) or nccl (a build with "
+                  "GRADNORM_WITH_NCCL against a CUDA LibTorch)")
+      ->check(CLI::IsMember({"gloo", "nccl"}));
+  run->add_option("--nproc", run_options.processes,
+                  "ranks as W processes over c10d Gloo (implies --launcher processes); runs the "
+                  "selected scenarios with that world size")
+      ->check(CLI::Range(1, 1024));
+  run->add_option("--timeout", run_options.timeout_seconds,
+                  "seconds a rank may wait for its peers in one collective (default 60)")
+      ->check(CLI::Range(0.01, 86400.0));
+  run->add_option("--inject-fault", run_options.fault,
+                  "make a rank fail on purpose: RANK:KIND[@STEP], KIND one of throw, exit, hang");
+  run->add_flag("--ignore-findings", run_options.ignore_findings,
+                "treat documented findings as failures: every reference and candidate must "
+                "agree with the oracle");
+
+  bool scenarios_only = false, variants_only = false;
+  CLI::App* list = app.add_subcommand("list", "list the scenario catalogue and the variants");
+  list->add_flag("--scenarios", scenarios_only, "scenarios only");
+  list->add_flag("--variants", variants_only, "variants only");
+
+  std::string show_name;
+  CLI::App* show = app.add_subcommand("show", "describe one scenario and its oracle");
+  show->add_option("scenario", show_name, "scenario name")->required();
+  std::vector<std::string> show_files;
+  show->add_option("--scenario-file,-f", show_files, "TOML scenario file (repeatable)")
+      ->check(CLI::ExistingFile);
+
+  std::string explain_name;
+  std::vector<std::string> explain_variants;
+  CLI::App* explain = app.add_subcommand(
+      "explain", "print each variant's effective per-token weight, per rank, against 1/N");
+  explain->add_option("scenario", explain_name, "scenario name")->required();
+  std::vector<std::string> explain_files;
+  explain->add_option("--scenario-file,-f", explain_files, "TOML scenario file (repeatable)")
+      ->check(CLI::ExistingFile);
+  explain->add_option("--variant,-v", explain_variants,
+                      "variant name or pattern (repeatable; default: baseline, skip, "
+                      "world-size-only, global-prenorm)");
+
+  tools::FuzzOptions fuzz_options;
+  CLI::App* fuzz = app.add_subcommand(
+      "fuzz", "check the harness's properties over many generated scenarios");
+  fuzz->add_option("--cases", fuzz_options.cases, "cases per property (default 1000)")
+      ->check(CLI::Range(1, 100000000));
+  fuzz->add_option("--variant,-v", fuzz_options.variants,
+                   "fuzz this step (name or pattern, repeatable): it must agree with the oracle "
+                   "wherever its reference does; default: the harness's own properties");
+  fuzz->add_option("--seed", fuzz_options.seed, "generator seed; the same seed replays the same cases");
+
+  tools::BenchOptions bench_options;
+  CLI::App* bench = app.add_subcommand(
+      "bench", "seconds per scenario and peak memory, ranks as threads and as Gloo processes");
+  bench->add_option("--repeat", bench_options.repeat, "runs per configuration (median reported)")
+      ->check(CLI::Range(1, 1000));
+  bench->add_option("--threads", bench_options.thread_ranks, "world sizes to run as threads")
+      ->check(CLI::IsMember({2, 4, 8, 32, 64}));
+  bench->add_option("--processes", bench_options.process_ranks, "world sizes to run as processes")
+      ->check(CLI::IsMember({2, 4, 8, 32, 64}));
+  std::string one_launcher, one_out;
+  int one_ranks = 0, one_repeat = 1;
+  CLI::App* bench_one = app.add_subcommand("bench-one", "one bench measurement (used by bench)");
+  bench_one->group("");  // internal
+  bench_one->add_option("launcher", one_launcher)->required()->check(CLI::IsMember({"threads", "processes"}));
+  bench_one->add_option("ranks", one_ranks)->required();
+  bench_one->add_option("repeat", one_repeat)->required();
+  bench_one->add_option("out", one_out)->required();
+
+  // --nproc W alone means ranks as W Gloo processes: one flag from threads to processes.
+  run->callback([&] {
+    if (run->count("--nproc") > 0 && run->count("--launcher") == 0) {
+      run_options.launcher = "processes";
+    }
+  });
+
+  try {
+    app.parse(argc, argv);
+  } catch (const CLI::ParseError& error) {
+    const int code = app.exit(error);
+    return code == 0 ? kExitAsExpected : kExitUsage;
+  }
+  try {
+    if (*run) return run_command(run_options, argc, argv);
+    if (*list) return list_command(scenarios_only, variants_only);
+    if (*show) return show_command(show_name, show_files);
+    if (*explain) return explain_command(explain_name, explain_variants, explain_files);
+    if (*bench) return tools::bench_command(bench_options);
+    if (*fuzz) return tools::fuzz_command(fuzz_options);
+    if (*bench_one) return tools::bench_one_command(one_launcher, one_ranks, one_repeat, one_out);
+  } catch (const scenarios::InvalidInput& error) {
+    fmt::print(stderr, "gradnorm: {}\n", error.what());
+    return kExitUsage;
+  } catch (const harness::RankExit&) {
+    std::_Exit(4);  // an injected exit: vanish without a word, as a crashed rank would
+  } catch (const std::exception& error) {
+    // A rank process that failed outside the recipe: leave the cause for the supervisor.
+    const char* rank = std::getenv("RANK");
+    const std::string cause = dynamic_cast<const harness::CommunicationError*>(&error)
+                                  ? harness::first_line(error.what())
+                                  : fmt::format("rank {} threw: {}", rank ? rank : "?",
+                                                harness::first_line(error.what()));
+    tools::write_rank_status(rank ? std::atoi(rank) : -1, cause);
+    fmt::print(stderr, "gradnorm: {}\n", cause);
+    return tools::kExitRankFailed;
+  }
+  return kExitUsage;
+}
+
+}  // namespace gradnorm::tools
