@@ -20,7 +20,9 @@ at::Tensor mean_cross_entropy(const at::Tensor& logits, const at::Tensor& labels
 }
 
 // torchtune CEWithChunkedOutputLoss: per-chunk CE sums along the sequence, divided by the
-// total valid count. All ignored: 0 / 0, so both the value and the gradients are NaN.
+// total valid count. All ignored: the value is 0 / 0 = NaN, but the gradients are zero
+// (measured): cross-entropy's backward writes zero at ignored positions whatever reaches
+// it, even the 1/0 of the division.
 at::Tensor chunked_cross_entropy(const at::Tensor& logits, const at::Tensor& labels, int chunks) {
   const long vocab = logits.size(-1);
   const at::Tensor valid = labels.ne(kIgnoreIndex).sum();

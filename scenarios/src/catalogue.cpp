@@ -125,7 +125,7 @@ std::vector<Scenario> build_catalogue() {
   // The seed's check 1: single-device gradients for n in {1, 3, 5, 8}.
   for (int n : {1, 3, 5, 8}) add_each_dtype(out, single(fmt::format("single/n{}", n), {n}));
 
-  // The seed's check 2: an all-masked step, once per loss kind (they differ, DESIGN.md §1).
+  // The seed's check 2: an all-masked step, once per loss kind (they differ, docs/design.md §1).
   for (LossKind loss : {LossKind::mean_ce, LossKind::chunked_ce, LossKind::linear_ce}) {
     Scenario s = single(fmt::format("single/all-masked-{}", to_string(loss)), {0});
     s.loss = loss;

@@ -1,5 +1,5 @@
 // The token-weight probe reads the weight every valid token received in the gradient the
-// optimizer consumed. DESIGN.md §1: baseline and global-prenorm give 1/N, skip gives
+// optimizer consumed. docs/design.md §1: baseline and global-prenorm give 1/N, skip gives
 // 1/(W n_r), world-size-only gives 1/n_r; on one device all of them give 1/n.
 #include "gradnorm/oracles/token_weights.hpp"
 

@@ -1,5 +1,5 @@
 #pragma once
-// The float64 reference (DESIGN.md §1): every valid token of every rank and micro-batch in
+// The float64 reference (docs/design.md §1): every valid token of every rank and micro-batch in
 // one batch, its own loss (log-softmax and gather), its own norm, clip and optimizer
 // arithmetic. It shares no normalisation code with the variants it judges; only the model's
 // forward pass (run on a float64 copy of the same initial parameters) is common.
@@ -23,7 +23,7 @@ struct OracleStep {
 
 struct OracleResult {
   long global_token_count = 0;  // N of the first step
-  // N == 0: no gradient exists; the step must signal an error (DESIGN.md §4).
+  // N == 0: no gradient exists; the step must signal an error (docs/design.md §3).
   bool no_gradient = false;
   std::string contract;  // one line: what the contract says for this scenario
   std::vector<harness::NamedTensor> initial_parameters;  // float64

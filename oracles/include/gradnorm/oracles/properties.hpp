@@ -74,7 +74,7 @@ inline void dropped_scale_flagged_exactly_when_visible(const scenarios::Scenario
   RC_ASSERT((v.kind == VerdictKind::pass) == !visible);
 }
 
-// DESIGN.md §1 read off the token-weight probe: a token on rank r weighs 1/N under
+// docs/design.md §1 read off the token-weight probe: a token on rank r weighs 1/N under
 // baseline and global-prenorm, 1/(W n_r) under skip, 1/n_r under world-size-only.
 inline void token_weights_follow_the_arithmetic(const scenarios::Scenario& s) {
   const double n = static_cast<double>(s.global_token_count());
@@ -95,7 +95,7 @@ inline void token_weights_follow_the_arithmetic(const scenarios::Scenario& s) {
   }
 }
 
-// Skip agrees with the oracle exactly when every rank holds the same count (DESIGN.md §1),
+// Skip agrees with the oracle exactly when every rank holds the same count (docs/design.md §1),
 // measured on the probe model where per-token gradients cannot cancel.
 inline void skip_passes_iff_ranks_are_balanced(const scenarios::Scenario& s) {
   bool balanced = true;

@@ -23,9 +23,10 @@ enum class DType { float64, float32, bfloat16 };
 // token_probe: one parameter row per token position of the step, starting at zero, so each
 // token's gradient lands in its own row and its effective weight can be read off exactly.
 enum class ModelKind { causal_lm, linear_head, lora, token_probe };
-// How the loss forms its mean; decides what an all-masked batch does (DESIGN.md §1).
+// How the loss forms its mean; decides what an all-masked batch does (docs/design.md §1).
 //   mean_ce   : PyTorch cross_entropy(reduction=mean): NaN value, zero gradients.
-//   chunked_ce: sum of per-chunk CE sums / total valid count: 0/0, NaN gradients.
+//   chunked_ce: sum of per-chunk CE sums / total valid count: NaN value (0/0), zero
+//               gradients (measured).
 //   linear_ce : returns a graph-less zero when nothing is valid, so backward raises.
 enum class LossKind { mean_ce, chunked_ce, linear_ce };
 enum class OptimizerKind { sgd, sgd_momentum, adamw };
