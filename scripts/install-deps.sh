@@ -7,6 +7,7 @@ packages=(
   libtorch-dev libgloo-dev          # LibTorch 1.13 (CPU) and the headers its c10d needs
   libfmt-dev nlohmann-json3-dev libcli11-dev libtomlplusplus-dev
   libgtest-dev libgmock-dev librapidcheck-dev
+  python3-torch                     # tests script a model in Python, as users do (/usr/bin/python3)
 )
 
 missing=()

@@ -1,4 +1,5 @@
 #include "gradnorm/harness/model.hpp"
+#include "torchscript_model.hpp"
 
 #include <ATen/ATen.h>
 #include <ATen/CPUGeneratorImpl.h>
@@ -10,9 +11,27 @@ namespace {
 
 constexpr std::uint64_t kModelStream = 0x6d6f64656cULL;  // keeps model draws apart from batches
 
-}  // namespace
+// The built-in models: a causal LM, a linear head on features, the token probe; LoRA
+// adapters and fake quantisation as the recipe asks.
+class ZooModel final : public Model {
+ public:
+  ZooModel(const scenarios::Scenario& scenario, ModelConfig config);
+  const std::vector<Parameter>& parameters() const override { return parameters_; }
+  at::Tensor logits(const MicroBatch& batch) const override;
+  std::unique_ptr<Model> converted(c10::ScalarType dtype) const override;
 
-Model::Model(const scenarios::Scenario& s, ModelConfig config) : config_(config) {
+ private:
+  ZooModel() = default;
+  [[nodiscard]] const at::Tensor& get(const std::string& name) const;
+  [[nodiscard]] at::Tensor linear_weight(const std::string& name) const;
+  [[nodiscard]] at::Tensor adapted_linear(const at::Tensor& input, const std::string& layer) const;
+
+  ModelConfig config_;
+  double lora_scale_ = 2.0;
+  std::vector<Parameter> parameters_;
+};
+
+ZooModel::ZooModel(const scenarios::Scenario& s, ModelConfig config) : config_(config) {
   at::Generator generator = at::detail::createCPUGenerator(derive_seed(s.seed, {kModelStream}));
   const long vocab = s.vocab_size;
   const long hidden = s.hidden_size;
@@ -56,22 +75,14 @@ Model::Model(const scenarios::Scenario& s, ModelConfig config) : config_(config)
   }
 }
 
-std::vector<at::Tensor> Model::trainable_tensors() const {
-  std::vector<at::Tensor> out;
-  for (const Parameter& p : parameters_) {
-    if (p.trainable) out.push_back(p.value);
-  }
-  return out;
-}
-
-const at::Tensor& Model::get(const std::string& name) const {
+const at::Tensor& ZooModel::get(const std::string& name) const {
   for (const Parameter& p : parameters_) {
     if (p.name == name) return p.value;
   }
   TORCH_INTERNAL_ASSERT(false, "harness bug: model has no parameter ", name);
 }
 
-at::Tensor Model::linear_weight(const std::string& name) const {
+at::Tensor ZooModel::linear_weight(const std::string& name) const {
   const at::Tensor& weight = get(name);
   if (!config_.fake_quantize) return weight;
   // Symmetric per-row int4 fake quantisation with a straight-through estimator; the scale
@@ -83,7 +94,7 @@ at::Tensor Model::linear_weight(const std::string& name) const {
   return weight + (quantised.to(weight.scalar_type()) - weight.detach());
 }
 
-at::Tensor Model::adapted_linear(const at::Tensor& input, const std::string& layer) const {
+at::Tensor ZooModel::adapted_linear(const at::Tensor& input, const std::string& layer) const {
   const std::string bias_name = layer + ".bias";
   bool has_bias = false;
   for (const Parameter& p : parameters_) has_bias = has_bias || p.name == bias_name;
@@ -97,7 +108,7 @@ at::Tensor Model::adapted_linear(const at::Tensor& input, const std::string& lay
   return out;
 }
 
-at::Tensor Model::logits(const MicroBatch& batch) const {
+at::Tensor ZooModel::logits(const MicroBatch& batch) const {
   if (config_.base == scenarios::ModelKind::token_probe) {
     const at::Tensor& table = get("probe.weight");
     return table.index_select(0, batch.inputs.reshape({-1}))
@@ -119,16 +130,35 @@ at::Tensor Model::logits(const MicroBatch& batch) const {
   return adapted_linear(hidden, "head");
 }
 
-Model Model::converted(c10::ScalarType dtype) const {
-  Model copy;
-  copy.config_ = config_;
-  copy.lora_scale_ = lora_scale_;
+std::unique_ptr<Model> ZooModel::converted(c10::ScalarType dtype) const {
+  std::unique_ptr<ZooModel> copy(new ZooModel());
+  copy->config_ = config_;
+  copy->lora_scale_ = lora_scale_;
   for (const Parameter& p : parameters_) {
     at::Tensor value = p.value.detach().to(dtype).clone();
     value.set_requires_grad(p.trainable);
-    copy.parameters_.push_back(Parameter{p.name, value, p.trainable});
+    copy->parameters_.push_back(Parameter{p.name, value, p.trainable});
   }
   return copy;
+}
+
+}  // namespace
+
+std::vector<at::Tensor> Model::trainable_tensors() const {
+  std::vector<at::Tensor> out;
+  for (const Parameter& p : parameters()) {
+    if (p.trainable) out.push_back(p.value);
+  }
+  return out;
+}
+
+std::unique_ptr<Model> make_model(const scenarios::Scenario& scenario, ModelConfig config) {
+  if (config.base == scenarios::ModelKind::torchscript) {
+    TORCH_INTERNAL_ASSERT(!config.lora && !config.fake_quantize,
+                          "harness bug: LoRA or QAT asked of a TorchScript model");
+    return load_torchscript_model(scenario);
+  }
+  return std::make_unique<ZooModel>(scenario, config);
 }
 
 }  // namespace gradnorm::harness

@@ -60,8 +60,8 @@ class RankRun final : public StepContext {
         comm_(comm),
         fault_(fault),
         out_(out),
-        model_(scenario, model_config_for(variant, scenario)),
-        optimizer_(scenario, model_, out.counters),
+        model_(make_model(scenario, model_config_for(variant, scenario))),
+        optimizer_(scenario, *model_, out.counters),
         loss_options_{scenario.loss, scenario.loss_chunks},
         step_(variant.make()) {
     TORCH_INTERNAL_ASSERT(step_, "harness bug: variant '", variant.name, "' made no step");
@@ -70,7 +70,7 @@ class RankRun final : public StepContext {
   // Returns when every step is done or when some rank's step raised (recorded in the
   // observation: the error itself on that rank, "peer-failure" on the others).
   void train() {
-    out_.initial_parameters = snapshot_parameters(model_);
+    out_.initial_parameters = snapshot_parameters(*model_);
     if (!guarded([&] { step_->prepare(*this); })) return;
     for (int step = 0; step < scenario_.steps; ++step) {
       inject_fault(step);
@@ -85,7 +85,7 @@ class RankRun final : public StepContext {
       record.gradients = optimizer_.consumed();
       record.grad_norm = grad_norm_;
       record.logged_loss = logged_loss_;
-      record.parameters_after = snapshot_parameters(model_);
+      record.parameters_after = snapshot_parameters(*model_);
       out_.steps.push_back(std::move(record));
     }
   }
@@ -93,7 +93,7 @@ class RankRun final : public StepContext {
   const scenarios::Scenario& scenario() const override { return scenario_; }
   int step_index() const override { return step_index_; }
   const std::vector<MicroBatch>& micro_batches() const override { return window_; }
-  Model& model() const override { return model_; }
+  Model& model() const override { return *model_; }
   at::Tensor loss(const at::Tensor& logits, const at::Tensor& labels) const override {
     return recipe_loss(logits, labels, loss_options_);
   }
@@ -159,7 +159,7 @@ class RankRun final : public StepContext {
   Communicator& comm_;
   const FaultInjection& fault_;
   Observation& out_;
-  mutable Model model_;
+  std::unique_ptr<Model> model_;
   mutable Optimizer optimizer_;
   mutable StepCommunicator step_comm_{comm_};
   LossOptions loss_options_;

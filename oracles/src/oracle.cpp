@@ -67,8 +67,9 @@ OracleResult run_oracle(const Scenario& s, const harness::ModelConfig& model_con
   scenarios::validate(s);
   OracleResult result;
   result.global_token_count = s.global_token_count();
-  harness::Model model = harness::Model(s, model_config).converted(at::kDouble);
-  for (const harness::Parameter& p : model.parameters()) {
+  const std::unique_ptr<harness::Model> model =
+      harness::make_model(s, model_config)->converted(at::kDouble);
+  for (const harness::Parameter& p : model->parameters()) {
     if (p.trainable) result.initial_parameters.push_back({p.name, p.value.detach().clone()});
   }
   if (result.global_token_count == 0) {
@@ -87,7 +88,7 @@ OracleResult run_oracle(const Scenario& s, const harness::ModelConfig& model_con
     for (int rank = 0; rank < s.world_size; ++rank) {
       for (harness::MicroBatch batch : harness::make_rank_window(s, rank, step)) {
         if (batch.inputs.is_floating_point()) batch.inputs = batch.inputs.to(at::kDouble);
-        const at::Tensor logits = model.logits(batch);
+        const at::Tensor logits = model->logits(batch);
         const at::Tensor valid = batch.labels.ne(harness::kIgnoreIndex).reshape({-1});
         rows.push_back(logits.reshape({-1, logits.size(-1)}).index({valid}));
         targets.push_back(batch.labels.reshape({-1}).index({valid}));
@@ -101,7 +102,7 @@ OracleResult run_oracle(const Scenario& s, const harness::ModelConfig& model_con
     const at::Tensor token_losses = -log_probs.gather(1, all_targets.unsqueeze(1)).squeeze(1);
     const at::Tensor loss = token_losses.sum() / static_cast<double>(count);
 
-    const std::vector<at::Tensor> trainable = model.trainable_tensors();
+    const std::vector<at::Tensor> trainable = model->trainable_tensors();
     const auto grads = torch::autograd::grad({loss}, trainable, {}, false, false, true);
 
     OracleStep out;
@@ -114,7 +115,7 @@ OracleResult run_oracle(const Scenario& s, const harness::ModelConfig& model_con
     if (s.clip_max_norm) out.clip_coef = std::min(1.0, *s.clip_max_norm / (out.total_norm + 1e-6));
     optimizer.begin_step();
     std::size_t index = 0;
-    for (const harness::Parameter& p : model.parameters()) {
+    for (const harness::Parameter& p : model->parameters()) {
       if (!p.trainable) continue;
       const at::Tensor g = grads[index].defined() ? grads[index] : at::zeros_like(p.value);
       const at::Tensor consumed = g * out.clip_coef;

@@ -17,10 +17,11 @@ using NameTable = std::array<std::pair<Enum, std::string_view>, Size>;
 
 constexpr NameTable<DType, 3> kDTypeNames{{
     {DType::float64, "float64"}, {DType::float32, "float32"}, {DType::bfloat16, "bfloat16"}}};
-constexpr NameTable<ModelKind, 4> kModelNames{{{ModelKind::causal_lm, "causal_lm"},
+constexpr NameTable<ModelKind, 5> kModelNames{{{ModelKind::causal_lm, "causal_lm"},
                                                {ModelKind::linear_head, "linear_head"},
                                                {ModelKind::lora, "lora"},
-                                               {ModelKind::token_probe, "token_probe"}}};
+                                               {ModelKind::token_probe, "token_probe"},
+                                               {ModelKind::torchscript, "torchscript"}}};
 constexpr NameTable<LossKind, 3> kLossNames{{{LossKind::mean_ce, "mean_ce"},
                                              {LossKind::chunked_ce, "chunked_ce"},
                                              {LossKind::linear_ce, "linear_ce"}}};
@@ -106,6 +107,11 @@ void validate(const Scenario& s) {
     require(std::isfinite(*s.clip_max_norm) && *s.clip_max_norm > 0, s, "clip_max_norm",
             fmt::format("must be finite and > 0 when set, got {}", *s.clip_max_norm));
   }
+  require((s.model == ModelKind::torchscript) == !s.model_file.empty(), s, "model",
+          s.model == ModelKind::torchscript
+              ? std::string("torchscript needs a file: model = \"torchscript:PATH\"")
+              : fmt::format("model_file '{}' is set but the model is {}", s.model_file,
+                            to_string(s.model)));
   require(s.steps >= 1 && s.steps <= 10000, s, "steps",
           fmt::format("must be in [1, 10000], got {}", s.steps));
 
@@ -149,7 +155,9 @@ std::string describe(const Scenario& s) {
       "{} W={} A={} counts={} B={} T={} mask={} V={} H={} dtype={} model={} loss={} opt={} "
       "lr={} clip={} in_bwd={} steps={} seed={}{}",
       s.name, s.world_size, s.accumulation_steps, counts, s.micro_batch_size, s.sequence_length,
-      to_string(s.mask), s.vocab_size, s.hidden_size, to_string(s.dtype), to_string(s.model),
+      to_string(s.mask), s.vocab_size, s.hidden_size, to_string(s.dtype),
+      s.model == ModelKind::torchscript ? "torchscript:" + s.model_file
+                                        : std::string(to_string(s.model)),
       to_string(s.loss), to_string(s.optimizer), s.learning_rate, clip, s.optimizer_in_backward,
       s.steps, s.seed,
       s.world_size > 1 ? fmt::format(" average={}", to_string(s.rank_average)) : std::string());

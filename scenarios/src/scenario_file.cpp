@@ -4,6 +4,7 @@
 #include <fmt/ranges.h>
 #include <toml++/toml.h>
 
+#include <filesystem>
 #include <fstream>
 #include <set>
 #include <sstream>
@@ -84,7 +85,30 @@ class Reader {
   std::set<std::string> used_;
 };
 
-Scenario read_scenario(const toml::table& table, const std::string& where) {
+// model = "causal_lm" (a built-in) or "torchscript:PATH", PATH relative to the file's folder.
+void read_model(Reader& r, Scenario& s, const std::string& source) {
+  std::string text;
+  r.read(std::string_view("model"), text, "a string");
+  constexpr std::string_view kScripted = "torchscript:";
+  if (text.rfind(kScripted, 0) == 0) {
+    std::filesystem::path file(text.substr(kScripted.size()));
+    if (file.empty()) r.fail("model", "names no file: expected \"torchscript:PATH\"");
+    if (file.is_relative()) file = std::filesystem::path(source).parent_path() / file;
+    s.model = ModelKind::torchscript;
+    s.model_file = file.lexically_normal().string();
+    return;
+  }
+  if (text == "torchscript") r.fail("model", "needs a file: \"torchscript:PATH\"");
+  if (text.empty()) return;
+  try {
+    s.model = parse_model_kind(text);
+  } catch (const InvalidInput& error) {
+    r.fail("model", fmt::format("is invalid: {} (or \"torchscript:PATH\")", error.what()));
+  }
+}
+
+Scenario read_scenario(const toml::table& table, const std::string& where,
+                       const std::string& source) {
   Scenario s;
   Reader r(table, where);
   r.read(std::string_view("name"), s.name, "a string");
@@ -99,7 +123,7 @@ Scenario read_scenario(const toml::table& table, const std::string& where) {
   r.read_int("steps", s.steps);
   r.read_enum("mask", s.mask, parse_mask_pattern);
   r.read_enum("dtype", s.dtype, parse_dtype);
-  r.read_enum("model", s.model, parse_model_kind);
+  read_model(r, s, source);
   r.read_enum("loss", s.loss, parse_loss_kind);
   r.read_enum("optimizer", s.optimizer, parse_optimizer_kind);
   r.read_enum("rank_average", s.rank_average, parse_rank_average);
@@ -180,7 +204,7 @@ std::vector<Scenario> parse_scenarios(const std::string& text, const std::string
   for (std::size_t i = 0; i < list->size(); ++i) {
     const toml::table* table = (*list)[i].as_table();
     if (table == nullptr) throw InvalidInput(fmt::format("{}: scenario #{} is not a table", source, i + 1));
-    Scenario s = read_scenario(*table, fmt::format("{}: scenario #{}", source, i + 1));
+    Scenario s = read_scenario(*table, fmt::format("{}: scenario #{}", source, i + 1), source);
     if (s.name.empty()) {
       throw InvalidInput(fmt::format("{}: scenario #{}: name is missing", source, i + 1));
     }

@@ -86,6 +86,29 @@ TEST(ScenarioFile, RejectsMissingNamesDuplicatesAndStrayTables) {
                       "names verdict 'oops'"));
 }
 
+TEST(ScenarioFile, ATorchScriptModelIsFoundBesideTheFile) {
+  const auto list = parse_scenarios("[[scenario]]\nname = \"s\"\nvalid_tokens = [[5]]\n"
+                                    "model = \"torchscript:models/lm.pt\"\n",
+                                    "/work/project/scenarios.toml");
+  ASSERT_EQ(list.size(), 1u);
+  EXPECT_EQ(list[0].model, ModelKind::torchscript);
+  EXPECT_EQ(list[0].model_file, "/work/project/models/lm.pt");
+  EXPECT_NE(describe(list[0]).find("model=torchscript:/work/project/models/lm.pt"), std::string::npos);
+  const auto absolute = parse_scenarios("[[scenario]]\nname = \"s\"\nvalid_tokens = [[5]]\n"
+                                        "model = \"torchscript:/opt/lm.pt\"\n",
+                                        "here/scenarios.toml");
+  EXPECT_EQ(absolute[0].model_file, "/opt/lm.pt");
+}
+
+TEST(ScenarioFile, RejectsATorchScriptModelWithoutAFile) {
+  EXPECT_TRUE(rejects("[[scenario]]\nname = \"s\"\nmodel = \"torchscript\"\n",
+                      "model needs a file: \"torchscript:PATH\""));
+  EXPECT_TRUE(rejects("[[scenario]]\nname = \"s\"\nmodel = \"torchscript:\"\n",
+                      "model names no file"));
+  EXPECT_TRUE(rejects("[[scenario]]\nname = \"s\"\nmodel = \"scripted\"\n",
+                      "(or \"torchscript:PATH\")"));
+}
+
 TEST(ScenarioFile, MissingFileIsAnInputError) {
   EXPECT_THROW((void)load_scenario_file("/nonexistent/scenarios.toml"), InvalidInput);
 }

@@ -1,6 +1,7 @@
 // The gradnorm CLI as a user runs it: exit codes (0 as expected, 1 unexpected verdicts,
 // 2 usage or input error), what it prints, and the JSON report it writes.
 #include "support/files.hpp"
+#include "support/scripted_model.hpp"
 #include <gtest/gtest.h>
 #include <nlohmann/json.hpp>
 #include <sys/wait.h>
@@ -85,6 +86,29 @@ TEST(Cli, ScenarioFileRunsItsScenariosAndRejectsTypos) {
   const CliResult rejected = run_cli(bad_args);
   EXPECT_EQ(rejected.exit_code, 2) << explain(bad_args, rejected);
   EXPECT_TRUE(contains(rejected.output, "valid_tokns is not a scenario field")) << explain(bad_args, rejected);
+}
+
+// A scenario file names a TorchScript model beside it; the model is trained and judged.
+TEST(Cli, ScenarioFileWithATorchScriptModel) {
+  TemporaryDirectory folder("gradnorm-cli");
+  testing_support::save_scripted_causal_lm((folder.path() / "lm.pt").string());
+  const std::string file = (folder.path() / "scripted.toml").string();
+  std::ofstream(file) << "[[scenario]]\nname = \"scripted/5-3\"\nvalid_tokens = [[5], [3]]\n"
+                         "model = \"torchscript:lm.pt\"\n";
+  const std::vector<std::string> args = {"run", "-f", file, "-v", "baseline", "-v",
+                                         "broken/scale-pass-dropped", "-v", "lora-baseline"};
+  const CliResult r = run_cli(args);
+  EXPECT_EQ(r.exit_code, 0) << explain(args, r);
+  EXPECT_TRUE(contains(r.output, "2 rows: 1 pass, 1 fail")) << explain(args, r);
+  EXPECT_TRUE(contains(r.output, "negative controls caught 1/1")) << explain(args, r);
+  EXPECT_TRUE(contains(r.output, "1 pairs left out")) << explain(args, r);
+
+  std::ofstream(file) << "[[scenario]]\nname = \"scripted/missing\"\nvalid_tokens = [[5]]\n"
+                         "model = \"torchscript:nowhere.pt\"\n";
+  const std::vector<std::string> missing_args = {"run", "-f", file};
+  const CliResult missing = run_cli(missing_args);
+  EXPECT_EQ(missing.exit_code, 2) << explain(missing_args, missing);
+  EXPECT_TRUE(contains(missing.output, "nowhere.pt' does not exist")) << explain(missing_args, missing);
 }
 
 TEST(Cli, FuzzRunsEveryPropertyAndReplaysFromItsSeed) {

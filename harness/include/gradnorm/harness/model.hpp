@@ -1,9 +1,11 @@
 #pragma once
-// The model zoo: small models whose parameters, gradients and forward pass live in the
-// scenario's dtype. The recipe under test decides which model it trains (model_config_for).
+// Models: the built-in zoo (small models whose parameters, gradients and forward pass live
+// in the scenario's dtype) and TorchScript modules from files. The recipe under test decides
+// which changes it makes to the scenario's model (model_config_for).
 
 #include <ATen/core/Tensor.h>
 
+#include <memory>
 #include <string>
 #include <vector>
 
@@ -30,30 +32,28 @@ struct Parameter {
   bool trainable = true;
 };
 
+// A model a step trains: named parameters in the scenario's dtype and a forward pass. The
+// oracle runs a float64 copy of the very parameters a step starts from (docs/design.md §2).
 class Model {
  public:
-  // Parameters drawn from the scenario's seed in float64, then rounded once to its dtype.
-  Model(const scenarios::Scenario& scenario, ModelConfig config);
+  virtual ~Model() = default;
 
-  [[nodiscard]] const std::vector<Parameter>& parameters() const { return parameters_; }
+  // Every parameter in a fixed order; trainable ones require grad.
+  [[nodiscard]] virtual const std::vector<Parameter>& parameters() const = 0;
   [[nodiscard]] std::vector<at::Tensor> trainable_tensors() const;
-  [[nodiscard]] const ModelConfig& config() const { return config_; }
 
   // Logits [B, T, V] in the parameters' dtype. Causal: position t sees inputs 0..t only.
-  [[nodiscard]] at::Tensor logits(const MicroBatch& batch) const;
+  [[nodiscard]] virtual at::Tensor logits(const MicroBatch& batch) const = 0;
 
   // A detached copy with every parameter converted to `dtype` (the oracle's float64 twin).
-  [[nodiscard]] Model converted(c10::ScalarType dtype) const;
-
- private:
-  Model() = default;
-  [[nodiscard]] const at::Tensor& get(const std::string& name) const;
-  [[nodiscard]] at::Tensor linear_weight(const std::string& name) const;
-  [[nodiscard]] at::Tensor adapted_linear(const at::Tensor& input, const std::string& layer) const;
-
-  ModelConfig config_;
-  double lora_scale_ = 2.0;
-  std::vector<Parameter> parameters_;
+  [[nodiscard]] virtual std::unique_ptr<Model> converted(c10::ScalarType dtype) const = 0;
 };
+
+// The scenario's model with the recipe's changes (`config`): one of the built-in models,
+// with parameters drawn from the scenario's seed in float64 and rounded once to its dtype;
+// or the scenario's TorchScript file, loaded and converted to its dtype. Throws
+// scenarios::InvalidInput naming the file for a TorchScript module it cannot train.
+[[nodiscard]] std::unique_ptr<Model> make_model(const scenarios::Scenario& scenario,
+                                                ModelConfig config);
 
 }  // namespace gradnorm::harness

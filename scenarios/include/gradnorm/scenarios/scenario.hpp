@@ -22,7 +22,9 @@ class InvalidInput : public std::runtime_error {
 enum class DType { float64, float32, bfloat16 };
 // token_probe: one parameter row per token position of the step, starting at zero, so each
 // token's gradient lands in its own row and its effective weight can be read off exactly.
-enum class ModelKind { causal_lm, linear_head, lora, token_probe };
+// torchscript: a scripted module from a file (model_file), token ids [B, T] -> logits
+// [B, T, V], trained as it is.
+enum class ModelKind { causal_lm, linear_head, lora, token_probe, torchscript };
 // How the loss forms its mean; decides what an all-masked batch does (docs/design.md §1).
 //   mean_ce   : PyTorch cross_entropy(reduction=mean): NaN value, zero gradients.
 //   chunked_ce: sum of per-chunk CE sums / total valid count: NaN value (0/0), zero
@@ -60,6 +62,7 @@ struct Scenario {
   int loss_chunks = 2;  // chunks of the chunked loss along the sequence
   DType dtype = DType::float32;
   ModelKind model = ModelKind::causal_lm;
+  std::string model_file;  // the TorchScript archive when model is torchscript
   LossKind loss = LossKind::mean_ce;
   OptimizerKind optimizer = OptimizerKind::sgd;
   double learning_rate = 0.5;
