@@ -62,7 +62,7 @@ class RankRun final : public StepContext {
         out_(out),
         model_(make_model(scenario, model_config_for(variant, scenario))),
         optimizer_(scenario, *model_, out.counters),
-        loss_options_{scenario.loss, scenario.loss_chunks},
+        loss_(make_loss(scenario)),
         step_(variant.make()) {
     TORCH_INTERNAL_ASSERT(step_, "harness bug: variant '", variant.name, "' made no step");
   }
@@ -95,7 +95,7 @@ class RankRun final : public StepContext {
   const std::vector<MicroBatch>& micro_batches() const override { return window_; }
   Model& model() const override { return *model_; }
   at::Tensor loss(const at::Tensor& logits, const at::Tensor& labels) const override {
-    return recipe_loss(logits, labels, loss_options_);
+    return loss_->token_mean(logits, labels);
   }
   Optimizer& optimizer() const override { return optimizer_; }
   Communicator& comm() const override { return step_comm_; }
@@ -162,7 +162,7 @@ class RankRun final : public StepContext {
   std::unique_ptr<Model> model_;
   mutable Optimizer optimizer_;
   mutable StepCommunicator step_comm_{comm_};
-  LossOptions loss_options_;
+  std::unique_ptr<Loss> loss_;
   std::unique_ptr<Step> step_;
   int step_index_ = 0;
   std::vector<MicroBatch> window_;

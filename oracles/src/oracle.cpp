@@ -8,6 +8,7 @@
 #include <cmath>
 
 #include "gradnorm/harness/batch.hpp"
+#include "gradnorm/harness/loss.hpp"
 
 namespace gradnorm::oracles {
 namespace {
@@ -81,6 +82,7 @@ OracleResult run_oracle(const Scenario& s, const harness::ModelConfig& model_con
   result.contract = fmt::format("N = {}: every valid token weighs 1/{}", result.global_token_count,
                                 result.global_token_count);
   ReferenceOptimizer optimizer(s);
+  const std::unique_ptr<harness::Loss> loss_fn = harness::make_loss(s);
   for (int step = 0; step < s.steps; ++step) {
     // All valid tokens of the step, every rank and micro-batch, as one batch.
     std::vector<at::Tensor> rows;
@@ -98,8 +100,8 @@ OracleResult run_oracle(const Scenario& s, const harness::ModelConfig& model_con
     const at::Tensor all_targets = at::cat(targets);
     const long count = all_targets.size(0);
     TORCH_INTERNAL_ASSERT(count > 0, "harness bug: a later step lost its tokens");
-    const at::Tensor log_probs = at::log_softmax(all_rows, /*dim=*/1);
-    const at::Tensor token_losses = -log_probs.gather(1, all_targets.unsqueeze(1)).squeeze(1);
+    // The loss gives each token's loss; the normalisation is the oracle's alone.
+    const at::Tensor token_losses = loss_fn->per_token(all_rows, all_targets);
     const at::Tensor loss = token_losses.sum() / static_cast<double>(count);
 
     const std::vector<at::Tensor> trainable = model->trainable_tensors();

@@ -1,8 +1,9 @@
 #pragma once
-// The float64 reference (docs/design.md §1): every valid token of every rank and micro-batch in
-// one batch, its own loss (log-softmax and gather), its own norm, clip and optimizer
-// arithmetic. It shares no normalisation code with the variants it judges; only the model's
-// forward pass (run on a float64 copy of the same initial parameters) is common.
+// The float64 reference (docs/design.md §1-2): every valid token of every rank and
+// micro-batch in one batch; the model's float64 forward (a copy of the same initial
+// parameters) and the loss's unreduced per-token values; then its own sum over the step and
+// division by N, its own norm, clip and optimizer arithmetic. It shares no normalisation
+// code with the steps it judges: the model and the per-token loss are all they share.
 
 #include <string>
 #include <vector>
