@@ -15,8 +15,8 @@
 namespace gradnorm::harness {
 
 struct ModelConfig {
-  // causal_lm, linear_head or token_probe; scenarios::ModelKind::lora is causal_lm with
-  // adapters.
+  // causal_lm, linear_head, token_probe or torchscript; scenarios::ModelKind::lora is
+  // causal_lm with adapters.
   scenarios::ModelKind base = scenarios::ModelKind::causal_lm;
   // LoRA: base weights frozen, trainable low-rank adapters on every linear.
   bool lora = false;
