@@ -10,6 +10,7 @@ namespace gradnorm::harness {
 namespace {
 
 constexpr std::uint64_t kModelStream = 0x6d6f64656cULL;  // keeps model draws apart from batches
+constexpr std::uint64_t kTeacherStream = 0x7465616368ULL;  // and the teacher's apart from both
 
 // The built-in models: a causal LM, a linear head on features, the token probe; LoRA
 // adapters and fake quantisation as the recipe asks.
@@ -32,12 +33,14 @@ class ZooModel final : public Model {
 };
 
 ZooModel::ZooModel(const scenarios::Scenario& s, ModelConfig config) : config_(config) {
-  at::Generator generator = at::detail::createCPUGenerator(derive_seed(s.seed, {kModelStream}));
+  at::Generator generator = at::detail::createCPUGenerator(
+      derive_seed(s.seed, {config.teacher ? kTeacherStream : kModelStream}));
   const long vocab = s.vocab_size;
   const long hidden = s.hidden_size;
   const long rank = s.lora_rank;
   const c10::ScalarType dtype = scalar_type(s.dtype);
   auto draw = [&](std::string name, at::IntArrayRef shape, double scale, bool trainable) {
+    trainable = trainable && !config.teacher;
     at::Tensor value = (at::randn(shape, generator, at::kDouble) * scale).to(dtype);
     value.set_requires_grad(trainable);
     parameters_.push_back(Parameter{std::move(name), value, trainable});
@@ -49,6 +52,10 @@ ZooModel::ZooModel(const scenarios::Scenario& s, ModelConfig config) : config_(c
     // Zeros: every logit starts equal, so a token's gradient row is w * (1/V - onehot(y)).
     const long rows = static_cast<long>(s.world_size) * s.accumulation_steps *
                       s.micro_batch_size * s.sequence_length;
+    if (config.teacher) {
+      draw("probe.weight", {rows, vocab}, 1.0, false);
+      return;
+    }
     at::Tensor value = at::zeros({rows, vocab}, at::TensorOptions().dtype(dtype));
     value.set_requires_grad(true);
     parameters_.push_back(Parameter{"probe.weight", value, true});

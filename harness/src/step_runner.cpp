@@ -42,6 +42,10 @@ class StepCommunicator final : public Communicator {
   Communicator& inner_;
 };
 
+ModelConfig teacher_config(const VariantSpec& variant, const scenarios::Scenario& scenario) {
+  return ModelConfig{model_config_for(variant, scenario).base, false, false, true};
+}
+
 std::vector<NamedTensor> snapshot_parameters(const Model& model) {
   std::vector<NamedTensor> out;
   for (const Parameter& p : model.parameters()) {
@@ -63,6 +67,10 @@ class RankRun final : public StepContext {
         model_(make_model(scenario, model_config_for(variant, scenario))),
         optimizer_(scenario, *model_, out.counters),
         loss_(make_loss(scenario)),
+        teacher_(variant.objective == Objective::knowledge_distillation
+                     ? make_model(scenario, teacher_config(variant, scenario))
+                     : nullptr),
+        kd_loss_(teacher_ ? make_distillation_loss(scenario) : nullptr),
         step_(variant.make()) {
     TORCH_INTERNAL_ASSERT(step_, "harness bug: variant '", variant.name, "' made no step");
   }
@@ -96,6 +104,13 @@ class RankRun final : public StepContext {
   Model& model() const override { return *model_; }
   at::Tensor loss(const at::Tensor& logits, const at::Tensor& labels) const override {
     return loss_->token_mean(logits, labels);
+  }
+  const Model* teacher() const override { return teacher_.get(); }
+  at::Tensor kd_loss(const at::Tensor& student_logits, const at::Tensor& teacher_logits,
+                     const at::Tensor& labels) const override {
+    TORCH_CHECK(kd_loss_, "kd_loss() is for steps registered with the knowledge_distillation "
+                          "objective");
+    return (*kd_loss_)(student_logits, teacher_logits, labels);
   }
   Optimizer& optimizer() const override { return optimizer_; }
   Communicator& comm() const override { return step_comm_; }
@@ -163,6 +178,8 @@ class RankRun final : public StepContext {
   mutable Optimizer optimizer_;
   mutable StepCommunicator step_comm_{comm_};
   std::unique_ptr<Loss> loss_;
+  std::unique_ptr<Model> teacher_;
+  std::unique_ptr<DistillationLoss> kd_loss_;
   std::unique_ptr<Step> step_;
   int step_index_ = 0;
   std::vector<MicroBatch> window_;

@@ -20,12 +20,17 @@ harness::ContractFacts contract_facts(const scenarios::Scenario& s, const Oracle
   return facts;
 }
 
-const scenarios::ExpectedVerdict* documented_finding(const scenarios::Scenario& s,
-                                                     const harness::VariantSpec& v) {
+// The scenario's own documented finding for this variant, else the recipe's.
+std::optional<harness::Finding> documented_finding(const scenarios::Scenario& s,
+                                                   const harness::VariantSpec& v,
+                                                   const harness::ContractFacts& facts) {
   for (const scenarios::ExpectedVerdict& e : s.expected_verdicts) {
-    if (fnmatch(e.variant_pattern.c_str(), v.name.c_str(), 0) == 0) return &e;
+    if (fnmatch(e.variant_pattern.c_str(), v.name.c_str(), 0) == 0) {
+      return harness::Finding{e.verdict, e.reason};
+    }
   }
-  return nullptr;
+  if (v.findings) return v.findings(s, facts);
+  return std::nullopt;
 }
 
 struct OracleKey {
@@ -33,6 +38,7 @@ struct OracleKey {
   scenarios::ModelKind base;
   bool lora;
   bool fake_quantize;
+  harness::Objective objective;
   auto operator<=>(const OracleKey&) const = default;
 };
 
@@ -68,9 +74,11 @@ Evaluation evaluate(const std::vector<scenarios::Scenario>& scenario_list,
         continue;
       }
       const harness::ModelConfig config = harness::model_config_for(v, s);
-      const OracleKey key{s.name, config.base, config.lora, config.fake_quantize};
+      const OracleKey key{s.name, config.base, config.lora, config.fake_quantize, v.objective};
       auto oracle = oracles.find(key);
-      if (oracle == oracles.end()) oracle = oracles.emplace(key, run_oracle(s, config)).first;
+      if (oracle == oracles.end()) {
+        oracle = oracles.emplace(key, run_oracle(s, config, v.objective)).first;
+      }
 
       EvaluationRow row;
       row.scenario = s;
@@ -102,8 +110,10 @@ Evaluation evaluate(const std::vector<scenarios::Scenario>& scenario_list,
         row.applicability = visibility.why;
         row.expectation = visibility.visible ? Expectation::flag : Expectation::not_applicable;
         row.met = !visibility.visible || !agreed;
-      } else if (const scenarios::ExpectedVerdict* finding =
-                     options.use_documented_findings ? documented_finding(s, v) : nullptr) {
+      } else if (const std::optional<harness::Finding> finding =
+                     options.use_documented_findings
+                         ? documented_finding(s, v, contract_facts(s, oracle->second))
+                         : std::nullopt) {
         row.expectation = Expectation::finding;
         row.applicability = finding->reason;
         row.met = to_string(row.verdict.kind) == finding->verdict;

@@ -64,7 +64,8 @@ class ReferenceOptimizer {
 
 }  // namespace
 
-OracleResult run_oracle(const Scenario& s, const harness::ModelConfig& model_config) {
+OracleResult run_oracle(const Scenario& s, const harness::ModelConfig& model_config,
+                        harness::Objective objective) {
   scenarios::validate(s);
   OracleResult result;
   result.global_token_count = s.global_token_count();
@@ -82,11 +83,18 @@ OracleResult run_oracle(const Scenario& s, const harness::ModelConfig& model_con
   result.contract = fmt::format("N = {}: every valid token weighs 1/{}", result.global_token_count,
                                 result.global_token_count);
   ReferenceOptimizer optimizer(s);
-  const std::unique_ptr<harness::Loss> loss_fn = harness::make_loss(s);
+  const std::unique_ptr<harness::PerTokenLoss> loss_fn = harness::make_objective(s, objective);
+  // A distilling recipe's frozen teacher, in float64 like the model.
+  std::unique_ptr<harness::Model> teacher;
+  if (objective == harness::Objective::knowledge_distillation) {
+    teacher = harness::make_model(s, harness::ModelConfig{model_config.base, false, false, true})
+                  ->converted(at::kDouble);
+  }
   for (int step = 0; step < s.steps; ++step) {
     // All valid tokens of the step, every rank and micro-batch, as one batch.
     std::vector<at::Tensor> rows;
     std::vector<at::Tensor> targets;
+    std::vector<at::Tensor> teacher_rows;
     for (int rank = 0; rank < s.world_size; ++rank) {
       for (harness::MicroBatch batch : harness::make_rank_window(s, rank, step)) {
         if (batch.inputs.is_floating_point()) batch.inputs = batch.inputs.to(at::kDouble);
@@ -94,6 +102,11 @@ OracleResult run_oracle(const Scenario& s, const harness::ModelConfig& model_con
         const at::Tensor valid = batch.labels.ne(harness::kIgnoreIndex).reshape({-1});
         rows.push_back(logits.reshape({-1, logits.size(-1)}).index({valid}));
         targets.push_back(batch.labels.reshape({-1}).index({valid}));
+        if (teacher) {
+          at::NoGradGuard no_grad;
+          const at::Tensor teacher_logits = teacher->logits(batch);
+          teacher_rows.push_back(teacher_logits.reshape({-1, teacher_logits.size(-1)}).index({valid}));
+        }
       }
     }
     const at::Tensor all_rows = at::cat(rows);
@@ -101,7 +114,8 @@ OracleResult run_oracle(const Scenario& s, const harness::ModelConfig& model_con
     const long count = all_targets.size(0);
     TORCH_INTERNAL_ASSERT(count > 0, "harness bug: a later step lost its tokens");
     // The loss gives each token's loss; the normalisation is the oracle's alone.
-    const at::Tensor token_losses = loss_fn->per_token(all_rows, all_targets);
+    const at::Tensor token_losses = loss_fn->per_token(harness::TokenRows{
+        all_rows, all_targets, teacher ? at::cat(teacher_rows) : at::Tensor()});
     const at::Tensor loss = token_losses.sum() / static_cast<double>(count);
 
     const std::vector<at::Tensor> trainable = model->trainable_tensors();

@@ -19,6 +19,11 @@ TokenWeightReport probe_token_weights(const scenarios::Scenario& original,
   report.scenario = original.name;
   report.variant = variant.name;
   report.global_token_count = s.global_token_count();
+  if (variant.objective != harness::Objective::scenario_loss) {
+    // Row p of the gradient is read as w_p * (1/V - onehot(y_p)): cross-entropy's form only.
+    report.outcome = "the probe reads cross-entropy gradients; this step distils";
+    return report;
+  }
   const OracleResult oracle = run_oracle(s, harness::model_config_for(variant, s));
   if (oracle.no_gradient) {
     report.outcome = "N == 0: no token has a weight";

@@ -112,6 +112,8 @@ void validate(const Scenario& s) {
               ? std::string("torchscript needs a file: model = \"torchscript:PATH\"")
               : fmt::format("model_file '{}' is set but the model is {}", s.model_file,
                             to_string(s.model)));
+  require(std::isfinite(s.kd_ratio) && s.kd_ratio >= 0 && s.kd_ratio <= 1, s, "kd_ratio",
+          fmt::format("must be in [0, 1], got {}", s.kd_ratio));
   require(s.steps >= 1 && s.steps <= 10000, s, "steps",
           fmt::format("must be in [1, 10000], got {}", s.steps));
 
@@ -153,14 +155,15 @@ std::string describe(const Scenario& s) {
   std::string clip = s.clip_max_norm ? fmt::format("{}", *s.clip_max_norm) : "none";
   return fmt::format(
       "{} W={} A={} counts={} B={} T={} mask={} V={} H={} dtype={} model={} loss={} opt={} "
-      "lr={} clip={} in_bwd={} steps={} seed={}{}",
+      "lr={} clip={} in_bwd={} steps={} seed={}{}{}",
       s.name, s.world_size, s.accumulation_steps, counts, s.micro_batch_size, s.sequence_length,
       to_string(s.mask), s.vocab_size, s.hidden_size, to_string(s.dtype),
       s.model == ModelKind::torchscript ? "torchscript:" + s.model_file
                                         : std::string(to_string(s.model)),
       to_string(s.loss), to_string(s.optimizer), s.learning_rate, clip, s.optimizer_in_backward,
       s.steps, s.seed,
-      s.world_size > 1 ? fmt::format(" average={}", to_string(s.rank_average)) : std::string());
+      s.world_size > 1 ? fmt::format(" average={}", to_string(s.rank_average)) : std::string(),
+      s.kd_ratio != 0.5 ? fmt::format(" kd_ratio={}", s.kd_ratio) : std::string());
 }
 
 std::ostream& operator<<(std::ostream& out, const Scenario& scenario) {

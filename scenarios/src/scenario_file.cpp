@@ -130,6 +130,7 @@ Scenario read_scenario(const toml::table& table, const std::string& where,
   r.read_double("learning_rate", s.learning_rate);
   r.read_double("momentum", s.momentum);
   r.read_double("weight_decay", s.weight_decay);
+  r.read_double("kd_ratio", s.kd_ratio);
   r.read(std::string_view("optimizer_in_backward"), s.optimizer_in_backward, "true or false");
   std::int64_t seed = static_cast<std::int64_t>(s.seed);
   r.read(std::string_view("seed"), seed, "an integer");

@@ -35,14 +35,14 @@ TEST(Loss, TokenMeanIsTheMeanOfThePerTokenLosses) {
   const at::Tensor targets = labels.reshape({-1}).index({valid});
   for (scenarios::LossKind kind : kKinds) {
     const auto loss = make_loss(with_loss(kind));
-    const at::Tensor per_token = loss->per_token(rows, targets);
+    const at::Tensor per_token = loss->per_token(TokenRows{rows, targets, {}});
     ASSERT_EQ(per_token.numel(), 8) << scenarios::to_string(kind) << ": one loss per valid token";
     const double mean = loss->token_mean(logits, labels).item<double>();
     // float64 sums of 8 terms in different orders: a few ULP apart.
     EXPECT_NEAR(mean, per_token.mean().item<double>(), 1e-13) << scenarios::to_string(kind);
     // Negative control: per-token losses against shifted targets are another loss.
     const at::Tensor shifted = (targets + 1).remainder(9);
-    EXPECT_GT(std::abs(loss->per_token(rows, shifted).mean().item<double>() - mean), 1e-3);
+    EXPECT_GT(std::abs(loss->per_token(TokenRows{rows, shifted, {}}).mean().item<double>() - mean), 1e-3);
   }
 }
 

@@ -23,6 +23,9 @@ struct ModelConfig {
   // QAT: the hidden and head weights are fake-quantised to int4 in the forward pass, with a
   // straight-through gradient.
   bool fake_quantize = false;
+  // A frozen teacher for distillation: the same kind of model, drawn from its own seed
+  // stream, nothing trainable (the token probe's teacher is a random table, not zeros).
+  bool teacher = false;
   friend bool operator==(const ModelConfig&, const ModelConfig&) = default;
 };
 

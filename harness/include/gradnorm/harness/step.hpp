@@ -13,6 +13,7 @@
 
 #include "gradnorm/harness/batch.hpp"
 #include "gradnorm/harness/communicator.hpp"
+#include "gradnorm/harness/loss.hpp"
 #include "gradnorm/harness/model.hpp"
 #include "gradnorm/harness/observation.hpp"
 #include "gradnorm/harness/optimizer.hpp"
@@ -42,6 +43,14 @@ class StepContext {
   // The scenario's loss on one micro-batch: the token mean over its valid labels, formed
   // the way that loss module forms it (which decides what an all-masked batch does).
   [[nodiscard]] virtual at::Tensor loss(const at::Tensor& logits, const at::Tensor& labels) const = 0;
+  // Distilling recipes (VariantSpec::objective): the frozen teacher, the same kind of model
+  // with its own parameters; null for every other step.
+  [[nodiscard]] virtual const Model* teacher() const = 0;
+  // Distilling recipes: torchtune's KD loss (forward KL, chunked when the scenario's loss
+  // is) on student and teacher logits [B, T, V] and labels [B, T].
+  [[nodiscard]] virtual at::Tensor kd_loss(const at::Tensor& student_logits,
+                                           const at::Tensor& teacher_logits,
+                                           const at::Tensor& labels) const = 0;
   [[nodiscard]] virtual Optimizer& optimizer() const = 0;
   // Collectives with the other ranks (world size 1: every collective is the identity).
   [[nodiscard]] virtual Communicator& comm() const = 0;

@@ -10,6 +10,7 @@
 #include <string_view>
 #include <vector>
 
+#include "gradnorm/harness/loss.hpp"
 #include "gradnorm/harness/model.hpp"
 #include "gradnorm/scenarios/scenario.hpp"
 
@@ -52,6 +53,14 @@ struct Visibility {
   std::string why;  // one line: why the bug changes (or cannot change) what a user sees
 };
 
+// What a recipe is known to get wrong on a scenario, found by running it against the
+// oracle: the verdict it ends with, and why (the recipe line responsible, a measured figure).
+// A run that no longer reproduces it says so.
+struct Finding {
+  std::string verdict;  // "fail", "error-mismatch", ...
+  std::string reason;
+};
+
 struct VariantSpec {
   std::string name{};
   Role role = Role::candidate;
@@ -60,6 +69,9 @@ struct VariantSpec {
   std::string summary{};         // one line: what the step does to the normalisation
   std::vector<Citation> cites{}; // the recipe lines it transcribes (or changes)
   TrainedModel trains = TrainedModel::scenario_model;
+  // What the recipe optimises per token; knowledge_distillation gives the step a frozen
+  // teacher and judges it against (1 - kd_ratio) * CE + kd_ratio * forward KL.
+  Objective objective = Objective::scenario_loss;
   // A fresh step for one rank of one run.
   std::function<std::unique_ptr<Step>()> make{};
   // Why this step cannot run a scenario, if it cannot (the pair is then left out, counted).
@@ -67,6 +79,10 @@ struct VariantSpec {
   // Negative controls only: where the bug is visible, decided from the scenario and the
   // oracle alone, never from the control's own output.
   std::function<Visibility(const scenarios::Scenario&, const ContractFacts&)> bug_visible{};
+  // References and candidates: the documented findings of this recipe, by scenario. A
+  // finding the scenario itself documents (Scenario::expected_verdicts) takes precedence.
+  std::function<std::optional<Finding>(const scenarios::Scenario&, const ContractFacts&)>
+      findings{};
 };
 
 // Adds a step to the registry (after the built-ins, in call order). Call at start-up,

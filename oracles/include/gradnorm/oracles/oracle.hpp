@@ -8,6 +8,7 @@
 #include <string>
 #include <vector>
 
+#include "gradnorm/harness/loss.hpp"
 #include "gradnorm/harness/model.hpp"
 #include "gradnorm/harness/observation.hpp"
 #include "gradnorm/scenarios/scenario.hpp"
@@ -31,7 +32,10 @@ struct OracleResult {
   std::vector<OracleStep> steps;
 };
 
-[[nodiscard]] OracleResult run_oracle(const scenarios::Scenario& scenario,
-                                      const harness::ModelConfig& model);
+// `objective`: what the step's recipe optimises per token (the scenario's loss, or
+// distillation from the frozen teacher that ModelConfig::teacher describes).
+[[nodiscard]] OracleResult run_oracle(
+    const scenarios::Scenario& scenario, const harness::ModelConfig& model,
+    harness::Objective objective = harness::Objective::scenario_loss);
 
 }  // namespace gradnorm::oracles

@@ -72,6 +72,9 @@ struct Scenario {
   RankAverage rank_average = RankAverage::divide_after_sum;
   bool optimizer_in_backward = false;
   int steps = 1;
+  // Knowledge distillation: the weight of the KD loss against the class loss (torchtune's
+  // kd_ratio); only recipes that distil from a teacher read it.
+  double kd_ratio = 0.5;
   std::uint64_t seed = 0;
   std::vector<ExpectedVerdict> expected_verdicts;
 
