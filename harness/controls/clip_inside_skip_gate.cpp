@@ -42,7 +42,6 @@ void register_clip_inside_skip_gate() {
                  "skip gate, so with grad_accum == 1 clipping is silently off",
       .cites = {{"recipes/full_finetune_single_device.py", 628, 631, "the clipping it gated out"}},
       .make = [] { return std::make_unique<ClipInsideSkipGate>(); },
-      .cannot_run = single_device_in_backward,
       .bug_visible = visible,
   });
 }

@@ -42,7 +42,6 @@ void register_logged_loss_divided_by_n() {
       .cites = {{"recipes/lora_finetune_single_device.py", 658, 658, "loss_to_log"}},
       .trains = TrainedModel::lora_adapters,
       .make = [] { return std::make_unique<LoggedLossDividedByN>(); },
-      .cannot_run = single_device_in_backward,
       .bug_visible = visible,
   });
 }

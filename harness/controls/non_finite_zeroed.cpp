@@ -14,12 +14,11 @@ using namespace recipes;
 class NonFiniteZeroed final : public FullFinetune {
  public:
   void train_step(StepContext& context) override {
+    if (in_backward(context)) return FullFinetune::train_step(context);
     const Window window = backward_token_sums(context);
-    if (context.optimizer().per_parameter()) return finish_in_backward(context, window);
     training::rank_average(context);
     const Window totals = all_reduce_totals(context, window);
-    training::scale_grads(context, at::scalar_tensor(context.world_size(), at::kFloat) /
-                                       totals.num_tokens.to(at::kFloat));
+    scale_by_world_over_tokens(context, totals);
     {
       // The regression: NaN and Inf gradients become zeros.
       at::NoGradGuard no_grad;
@@ -28,7 +27,7 @@ class NonFiniteZeroed final : public FullFinetune {
       }
     }
     clip_and_step(context);
-    context.log_loss(training::loss_to_log(totals.running_loss, totals.num_tokens));
+    context.log_loss(loss_to_log(totals, context));
   }
 };
 
@@ -51,7 +50,6 @@ void register_non_finite_zeroed() {
       .cites = {{"recipes/full_finetune_single_device.py", 622, 631,
                  "between scale_grads_ and clip_grad_norm_"}},
       .make = [] { return std::make_unique<NonFiniteZeroed>(); },
-      .cannot_run = single_device_in_backward,
       .bug_visible = visible,
   });
 }

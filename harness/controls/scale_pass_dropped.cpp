@@ -14,13 +14,13 @@ using namespace recipes;
 class ScalePassDropped final : public FullFinetune {
  public:
   void train_step(StepContext& context) override {
+    if (in_backward(context)) return FullFinetune::train_step(context);
     const Window window = backward_token_sums(context);
-    if (context.optimizer().per_parameter()) return finish_in_backward(context, window);
     training::rank_average(context);
     const Window totals = all_reduce_totals(context, window);
     // The regression: no scale_grads(world_size / num_tokens) here.
     clip_and_step(context);
-    context.log_loss(training::loss_to_log(totals.running_loss, totals.num_tokens));
+    context.log_loss(loss_to_log(totals, context));
   }
 };
 
@@ -43,7 +43,6 @@ void register_scale_pass_dropped() {
                  "(gradients are token sums)",
       .cites = {{"recipes/full_finetune_single_device.py", 625, 627, "the scale it drops"}},
       .make = [] { return std::make_unique<ScalePassDropped>(); },
-      .cannot_run = single_device_in_backward,
       .bug_visible = visible,
   });
 }

@@ -1,6 +1,6 @@
 // The pull request's first qat_single_device change: optimizer.step() and zero_grad() moved
 // inside the skip gate, so with grad_accum == 1 nothing ever steps.
-#include "../recipes/full_finetune.hpp"
+#include "../recipes/qat.hpp"
 #include "controls.hpp"
 #include "gradnorm/harness/training.hpp"
 
@@ -9,14 +9,14 @@ namespace {
 
 using namespace recipes;
 
-class StepInsideSkipGate final : public FullFinetune {
+class StepInsideSkipGate final : public QatFinetune {
  public:
   void train_step(StepContext& context) override {
-    if (!skip_gate_open(context.scenario())) return FullFinetune::train_step(context);
+    if (!skip_gate_open(context.scenario())) return QatFinetune::train_step(context);
     const Window window = backward_means(context);
     training::rank_average(context);
     const Window totals = all_reduce_totals(context, window);
-    if (context.max_norm()) training::clip_grad_norm(context, *context.max_norm());
+    if (clip_gate(context)) training::clip_grad_norm(context, *context.max_norm());
     // The regression: no optimizer.step() and no zero_grad() here. The gradients stay and
     // pile into the next window.
     context.log_loss(mean_loss_to_log(context, totals));
@@ -42,7 +42,6 @@ void register_step_inside_skip_gate() {
       .cites = {{"recipes/qat_single_device.py", 592, 606, "the step the change gated out"}},
       .trains = TrainedModel::fake_quantized,
       .make = [] { return std::make_unique<StepInsideSkipGate>(); },
-      .cannot_run = single_device_in_backward,
       .bug_visible = visible,
   });
 }

@@ -1,10 +1,9 @@
 // torchtune's full fine-tuning recipes and the candidates that move their 1/N: the pull
 // request's skip, the review's world-size-only reading, and a global pre-normalisation.
+// On one rank the step is full_finetune_single_device's, on more full_finetune_distributed's.
 #include "full_finetune.hpp"
 
 #include <ATen/ATen.h>
-
-#include "gradnorm/harness/training.hpp"
 
 namespace gradnorm::harness::recipes {
 namespace {
@@ -50,78 +49,134 @@ class GlobalPrenorm final : public FullFinetune {
       window.running_loss = window.running_loss + current_loss.detach();
       training::backward(context, current_loss * scale);
     }
-    if (context.optimizer().per_parameter()) return finish_in_backward(context, window);
     training::rank_average(context);
     const Window totals = all_reduce_totals(context, window);
     clip_and_step(context);
-    context.log_loss(training::loss_to_log(totals.running_loss, totals.num_tokens));
+    context.log_loss(loss_to_log(totals, context));
   }
 };
 
+// The candidates change the token-sum path; with optimizer in backward the recipe already
+// normalises before backward, and there is nothing for them to change.
+std::optional<std::string> token_sum_path_only(const scenarios::Scenario& s) {
+  if (s.optimizer_in_backward) {
+    return std::string("a candidate for the token-sum path; optimizer in backward has none");
+  }
+  return std::nullopt;
+}
+
 }  // namespace
-
-void pull_request_skip_window(StepContext& context) {
-  const Window window = backward_means(context);
-  training::rank_average(context);
-  const Window totals = all_reduce_totals(context, window);
-  clip_and_step(context);
-  context.log_loss(mean_loss_to_log(context, totals));
-}
-
-void PullRequestSkip::train_step(StepContext& context) {
-  if (!skip_gate_open(context.scenario())) return FullFinetune::train_step(context);
-  pull_request_skip_window(context);
-}
 
 bool skip_gate_open(const scenarios::Scenario& s) {
   return s.accumulation_steps == 1 && !s.optimizer_in_backward;
 }
 
-void setup_optimizer_in_backward(StepContext& context) {
-  if (context.max_norm()) {
-    throw RecipeRefusal("Gradient clipping is not supported with optimizer in backward");
-  }
-  if (context.scenario().accumulation_steps > 1) {
-    throw RecipeRefusal("Gradient accumulation is not supported with optimizer in backward");
-  }
-  training::register_optim_in_bwd_hooks(context);
+bool FullFinetune::in_backward(const StepContext& context) {
+  return context.optimizer().per_parameter();
 }
 
 void FullFinetune::prepare(StepContext& context) {
-  if (context.scenario().optimizer_in_backward) setup_optimizer_in_backward(context);
+  if (!context.scenario().optimizer_in_backward) return;
+  refuse_optimizer_in_backward(context);
+  training::register_optim_in_bwd_hooks(context);
+}
+
+void FullFinetune::refuse_optimizer_in_backward(const StepContext& context) const {
+  // full_finetune_single_device.py:153-160 and full_finetune_distributed.py:221-232.
+  const bool one_device = context.world_size() == 1;
+  if (context.max_norm()) {
+    throw RecipeRefusal(one_device
+                            ? "Gradient clipping is not supported with optimizer_in_bwd: True"
+                            : "Gradient clipping is not supported with optimizer in bwd.");
+  }
+  if (context.scenario().accumulation_steps > 1) {
+    throw RecipeRefusal(one_device
+                            ? "Gradient accumulation is not supported with optimizer_in_bwd: True"
+                            : "Gradient accumulation is not supported with optimizer in bwd.");
+  }
+}
+
+void FullFinetune::train_in_backward(StepContext& context) const {
+  Window window = empty_window();
+  if (context.world_size() == 1) {
+    // full_finetune_single_device.py:609-645: loss_factor 1.0, so backward the mean; the
+    // optimizer stepped in its hooks; loss_value = running_loss / 1.0.
+    for (const MicroBatch& batch : context.micro_batches()) {
+      window.num_tokens += training::valid_token_count(batch);
+      const at::Tensor current_loss = context.loss(context.model().logits(batch), batch.labels) * 1.0;
+      window.running_loss = window.running_loss + current_loss.detach();
+      training::backward(context, current_loss);
+    }
+    context.optimizer().step();  // a no-op for optimizer in backward
+    context.optimizer().zero_grad(/*set_to_none=*/true);
+    context.log_loss((window.running_loss / 1.0).item<double>());
+    return;
+  }
+  // full_finetune_distributed.py:1009-1024: the token sum, the counts all-reduced before
+  // backward, then * (dp_degree / num_tokens); no step or zero_grad afterwards.
+  for (const MicroBatch& batch : context.micro_batches()) {
+    const at::Tensor current_num_tokens = training::valid_token_count(batch);
+    window.num_tokens += current_num_tokens;
+    at::Tensor current_loss =
+        context.loss(context.model().logits(batch), batch.labels) * current_num_tokens;
+    window.running_loss = window.running_loss + current_loss.detach();
+    std::vector<at::Tensor> num_tokens{window.num_tokens};
+    context.comm().all_reduce_sum(num_tokens);
+    std::vector<at::Tensor> running_loss{window.running_loss};
+    context.comm().all_reduce_sum(running_loss);
+    // `self.dp_degree / num_tokens`: a float32 scalar; every rank is a data-parallel rank.
+    const int dp_degree = context.world_size();
+    current_loss = current_loss * (at::scalar_tensor(dp_degree, at::kFloat) /
+                                   window.num_tokens.to(at::kFloat));
+    training::backward(context, current_loss);
+  }
+  context.log_loss(training::loss_to_log(window.running_loss, window.num_tokens));
+}
+
+bool FullFinetune::clip_gate(const StepContext& context) const {
+  if (context.world_size() == 1) {
+    // full_finetune_single_device.py:628, `if self._clip_grad_norm:`.
+    return context.max_norm() && *context.max_norm() != 0;
+  }
+  return context.max_norm().has_value();  // full_finetune_distributed.py:1041
+}
+
+double FullFinetune::loss_to_log(const Window& totals, const StepContext& context) const {
+  if (context.world_size() == 1) {
+    // full_finetune_single_device.py:642-645: (running_loss / num_tokens).item(), a tensor
+    // division in the running loss's own dtype.
+    return (totals.running_loss / totals.num_tokens).item<double>();
+  }
+  // full_finetune_distributed.py:1069: running_loss.item() / num_tokens, float32.
+  return training::loss_to_log(totals.running_loss, totals.num_tokens);
 }
 
 void FullFinetune::train_step(StepContext& context) {
+  if (in_backward(context)) return train_in_backward(context);
   const Window window = backward_token_sums(context);
-  if (context.optimizer().per_parameter()) return finish_in_backward(context, window);
   training::rank_average(context);
   const Window totals = all_reduce_totals(context, window);
-  // `world_size / num_tokens` on an int64 tensor: a float32 scalar, whatever the gradient
-  // dtype (`1 / num_tokens` on one device).
-  training::scale_grads(context, at::scalar_tensor(context.world_size(), at::kFloat) /
-                                     totals.num_tokens.to(at::kFloat));
+  scale_by_world_over_tokens(context, totals);
   clip_and_step(context);
-  context.log_loss(training::loss_to_log(totals.running_loss, totals.num_tokens));
+  context.log_loss(loss_to_log(totals, context));
 }
 
-Window backward_token_sums(StepContext& context) {
+Window FullFinetune::backward_token_sums(StepContext& context) {
   Window window = empty_window();
-  const bool in_backward = context.optimizer().per_parameter();
   for (const MicroBatch& batch : context.micro_batches()) {
     const at::Tensor current_num_tokens = training::valid_token_count(batch);
     window.num_tokens += current_num_tokens;
     // The loss is a token mean; times n it is a token sum, so the whole window can be
     // normalised by its total count at the end.
-    at::Tensor current_loss =
+    const at::Tensor current_loss =
         context.loss(context.model().logits(batch), batch.labels) * current_num_tokens;
     window.running_loss = window.running_loss + current_loss.detach();
-    if (in_backward) current_loss = current_loss / window.num_tokens;
     training::backward(context, current_loss);
   }
   return window;
 }
 
-Window backward_means(StepContext& context) {
+Window FullFinetune::backward_means(StepContext& context) {
   Window window = empty_window();
   for (const MicroBatch& batch : context.micro_batches()) {
     window.num_tokens += training::valid_token_count(batch);
@@ -132,23 +187,23 @@ Window backward_means(StepContext& context) {
   return window;
 }
 
-Window all_reduce_totals(StepContext& context, const Window& window) {
+Window FullFinetune::all_reduce_totals(StepContext& context, const Window& window) {
   std::vector<at::Tensor> totals{window.num_tokens, window.running_loss};
   context.comm().all_reduce_sum(totals);
   return Window{totals[0], totals[1]};
 }
 
-void clip_and_step(StepContext& context) {
-  if (context.max_norm()) training::clip_grad_norm(context, *context.max_norm());
-  context.optimizer().step();
-  context.optimizer().zero_grad(/*set_to_none=*/true);
+void FullFinetune::scale_by_world_over_tokens(StepContext& context, const Window& totals) {
+  // `world_size / num_tokens` on an int64 tensor: a float32 scalar, whatever the gradient
+  // dtype (`1 / num_tokens` on one device).
+  training::scale_grads(context, at::scalar_tensor(context.world_size(), at::kFloat) /
+                                     totals.num_tokens.to(at::kFloat));
 }
 
-void finish_in_backward(StepContext& context, const Window& window) {
+void FullFinetune::clip_and_step(StepContext& context) const {
+  if (clip_gate(context)) training::clip_grad_norm(context, *context.max_norm());
+  context.optimizer().step();
   context.optimizer().zero_grad(/*set_to_none=*/true);
-  context.optimizer().step();  // every parameter already stepped in its hook
-  const Window totals = all_reduce_totals(context, window);
-  context.log_loss(training::loss_to_log(totals.running_loss, totals.num_tokens));
 }
 
 double mean_loss_to_log(const StepContext& context, const Window& totals) {
@@ -157,21 +212,20 @@ double mean_loss_to_log(const StepContext& context, const Window& totals) {
   return totals.running_loss.item<double>() / context.world_size();
 }
 
-std::optional<std::string> single_device_in_backward(const scenarios::Scenario& s) {
-  if (s.optimizer_in_backward && s.world_size > 1) {
-    return std::string("optimizer in backward is modelled on one device only");
-  }
-  return std::nullopt;
-}
-
 std::vector<Citation> full_finetune_citations() {
   return {
       {kSingleDevice, 609, 619, "backward(loss * current_num_tokens), running_loss"},
-      {kSingleDevice, 622, 645, "scale_grads_(1 / num_tokens), clip, step, zero_grad, loss"},
-      {kDistributed, 1004, 1024, "backward(loss * current_num_tokens) under FSDP"},
+      {kSingleDevice, 622, 645,
+       "scale_grads_(1.0 / num_tokens), `if self._clip_grad_norm:` clip, step, zero_grad, "
+       "loss_value"},
+      {kSingleDevice, 149, 160, "refuses clipping and accumulation with optimizer_in_bwd"},
+      {kDistributed, 1004, 1024,
+       "backward(loss * current_num_tokens); with optimizer_in_bwd the counts all-reduced "
+       "first and loss * (dp_degree / num_tokens)"},
       {kDistributed, 1027, 1069,
        "all_reduce num_tokens and running_loss, scale_grads_(world_size / num_tokens), clip, "
        "step, zero_grad, loss_to_log"},
+      {kDistributed, 221, 232, "refuses clipping and accumulation with optimizer in bwd"},
       {"torchtune/training/_grad_scaler.py", 18, 68, "scale_grads: p.grad *= scaler"},
   };
 }
@@ -182,10 +236,10 @@ void register_full_finetune() {
       .role = Role::reference,
       .reference = "baseline",
       .summary = "backward(mean * n); at the window's end the rank average, N all-reduced, "
-                 "scale_grads(world_size / N), clip, step, zero_grad(set_to_none)",
+                 "scale_grads(world_size / N), clip, step, zero_grad(set_to_none); "
+                 "full_finetune_single_device on one rank, full_finetune_distributed on more",
       .cites = full_finetune_citations(),
       .make = [] { return std::make_unique<FullFinetune>(); },
-      .cannot_run = single_device_in_backward,
   });
   register_variant({
       .name = "skip",
@@ -195,8 +249,7 @@ void register_full_finetune() {
                  "backward(mean) and no scale_grads; clip and step outside the gate; "
                  "loss_to_log = running_loss / world_size",
       .cites = {{kSingleDevice, 609, 645, "the lines the pull request gates"}},
-      .make = [] { return std::make_unique<PullRequestSkip>(); },
-      .cannot_run = single_device_in_backward,
+      .make = [] { return std::make_unique<PullRequestSkip<FullFinetune>>(); },
   });
   register_variant({
       .name = "world-size-only",
@@ -206,7 +259,6 @@ void register_full_finetune() {
                  "taken literally: backward(mean), rank average, scale_grads(world_size)",
       .cites = {{kDistributed, 1035, 1039, "the scale_grads_ call the review would change"}},
       .make = [] { return std::make_unique<WorldSizeOnly>(); },
-      .cannot_run = single_device_in_backward,
   });
   register_variant({
       .name = "global-prenorm",
@@ -217,7 +269,7 @@ void register_full_finetune() {
       .cites = {{kDistributed, 1020, 1023,
                  "the optimizer-in-backward path that already pre-normalises the loss"}},
       .make = [] { return std::make_unique<GlobalPrenorm>(); },
-      .cannot_run = single_device_in_backward,
+      .cannot_run = token_sum_path_only,
   });
 }
 

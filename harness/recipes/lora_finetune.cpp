@@ -1,6 +1,6 @@
 // torchtune's LoRA fine-tuning recipes: the full recipe's normalisation on frozen base
-// weights and trainable adapters, with no optimizer-in-backward path.
-#include "full_finetune.hpp"
+// weights and trainable adapters; and qat_lora_finetune_distributed, the same through
+// fake-quantised linears.
 #include "lora_finetune.hpp"
 
 namespace gradnorm::harness::recipes {
@@ -8,21 +8,18 @@ namespace {
 
 constexpr const char* kSingleDevice = "recipes/lora_finetune_single_device.py";
 constexpr const char* kDistributed = "recipes/lora_finetune_distributed.py";
-
-class LoraSkip final : public LoraFinetune {
- public:
-  void train_step(StepContext& context) override {
-    if (!skip_gate_open(context.scenario())) return LoraFinetune::train_step(context);
-    pull_request_skip_window(context);
-  }
-};
+constexpr const char* kQatLora = "recipes/qat_lora_finetune_distributed.py";
 
 }  // namespace
 
-void LoraFinetune::prepare(StepContext& context) {
-  if (context.scenario().optimizer_in_backward) {
-    throw RecipeRefusal("lora_finetune_single_device has no optimizer_in_bwd path");
-  }
+void LoraFinetune::prepare(StepContext& /*context*/) {}
+
+bool LoraFinetune::clip_gate(const StepContext& context) const {
+  return context.max_norm().has_value();  // `if self._clip_grad_norm is not None:`
+}
+
+double LoraFinetune::loss_to_log(const Window& totals, const StepContext& /*context*/) const {
+  return training::loss_to_log(totals.running_loss, totals.num_tokens);
 }
 
 std::vector<Citation> lora_finetune_citations() {
@@ -42,11 +39,10 @@ void register_lora_finetune() {
       .role = Role::reference,
       .reference = "lora-baseline",
       .summary = "the full recipe's normalisation on frozen base weights and trainable "
-                 "adapters; refuses optimizer in backward",
+                 "adapters; clips when clip_grad_norm is not None; never reads optimizer_in_bwd",
       .cites = lora_finetune_citations(),
       .trains = TrainedModel::lora_adapters,
       .make = [] { return std::make_unique<LoraFinetune>(); },
-      .cannot_run = single_device_in_backward,
   });
   register_variant({
       .name = "lora-skip",
@@ -55,8 +51,20 @@ void register_lora_finetune() {
       .summary = "the pull request's skip path in the LoRA recipe",
       .cites = {{kSingleDevice, 633, 658, "the lines the pull request gates"}},
       .trains = TrainedModel::lora_adapters,
-      .make = [] { return std::make_unique<LoraSkip>(); },
-      .cannot_run = single_device_in_backward,
+      .make = [] { return std::make_unique<PullRequestSkip<LoraFinetune>>(); },
+  });
+  register_variant({
+      .name = "qat-lora-distributed",
+      .role = Role::reference,
+      .reference = "qat-lora-distributed",
+      .summary = "lora_finetune_distributed's normalisation through fake-quantised linears "
+                 "with trainable adapters",
+      .cites = {{kQatLora, 746, 755, "backward(loss * current_num_tokens)"},
+                {kQatLora, 758, 778,
+                 "all_reduce num_tokens and running_loss, scale_grads(world_size / num_tokens), "
+                 "clip, step, zero_grad, loss_to_log"}},
+      .trains = TrainedModel::lora_adapters_fake_quantized,
+      .make = [] { return std::make_unique<LoraFinetune>(); },
   });
 }
 

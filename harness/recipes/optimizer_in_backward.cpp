@@ -1,6 +1,6 @@
-// The full recipe with optimizer_in_bwd=True whatever the scenario says: one optimizer per
-// parameter, stepped from its gradient hook, on the loss divided by the window's count
-// before backward (as qat_single_device writes it).
+// The full recipes with optimizer_in_bwd=True whatever the scenario says: one optimizer per
+// parameter, stepped from its gradient hook (after the rank average, as FSDP's
+// reduce-scatter runs before the hook).
 #include "full_finetune.hpp"
 
 namespace gradnorm::harness::recipes {
@@ -8,13 +8,11 @@ namespace {
 
 class OptimizerInBackward final : public FullFinetune {
  public:
-  void prepare(StepContext& context) override { setup_optimizer_in_backward(context); }
+  void prepare(StepContext& context) override {
+    refuse_optimizer_in_backward(context);
+    training::register_optim_in_bwd_hooks(context);
+  }
 };
-
-std::optional<std::string> one_device_only(const scenarios::Scenario& s) {
-  if (s.world_size > 1) return std::string("optimizer in backward is modelled on one device only");
-  return std::nullopt;
-}
 
 }  // namespace
 
@@ -23,16 +21,20 @@ void register_optimizer_in_backward() {
       .name = "optimizer-in-backward",
       .role = Role::reference,
       .reference = "optimizer-in-backward",
-      .summary = "backward of (mean * n) / num_tokens, one optimizer per parameter stepped "
-                 "from its gradient hook; refuses clipping and accumulation",
-      .cites = {{"recipes/qat_single_device.py", 578, 588,
-                 "current_loss *= n, then / current_num_tokens with optimizer in backward"},
-                {"recipes/qat_single_device.py", 405, 435, "optim_dict and its hooks"},
+      .summary = "optimizer_in_bwd=True: on one device backward of the mean (loss_factor 1.0), "
+                 "across ranks of loss * n * dp_degree / N with the counts all-reduced first; "
+                 "one optimizer per parameter stepped from its hook; refuses clipping and "
+                 "accumulation",
+      .cites = {{"recipes/full_finetune_single_device.py", 609, 645,
+                 "loss_factor 1.0 with optimizer_in_bwd; loss_value = running_loss / 1.0"},
+                {"recipes/full_finetune_distributed.py", 1009, 1024,
+                 "all_reduce(num_tokens), all_reduce(running_loss), loss * (dp_degree / "
+                 "num_tokens)"},
                 {"recipes/full_finetune_single_device.py", 149, 160,
-                 "refuses clipping and accumulation with optimizer in backward"},
+                 "refuses clipping and accumulation with optimizer_in_bwd"},
+                {"torchtune/modules/optim.py", 15, 84, "OptimizerInBackward: step() a no-op"},
                 {"torchtune/training/memory.py", 222, 245, "register_optim_in_bwd_hooks"}},
       .make = [] { return std::make_unique<OptimizerInBackward>(); },
-      .cannot_run = one_device_only,
   });
 }
 

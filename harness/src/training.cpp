@@ -63,9 +63,21 @@ void register_optim_in_bwd_hooks(StepContext& context) {
     at::Tensor param = optimizer.parameters()[i];
     // The hook reaches its parameter through the optimizer: a tensor holding a hook that
     // holds the tensor would never be freed.
-    param.register_hook([&optimizer, i](const at::Tensor& grad) {
+    param.register_hook([&context, &optimizer, i](const at::Tensor& grad) {
       at::Tensor own = optimizer.parameters()[i];
-      own.mutable_grad() = grad.detach().clone();
+      at::Tensor averaged = grad.detach().clone();
+      const int world = context.world_size();
+      if (world > 1) {
+        // FSDP's reduce-scatter averages the gradient before the post-accumulate hook.
+        at::NoGradGuard no_grad;
+        const bool before =
+            context.scenario().rank_average == scenarios::RankAverage::divide_before_sum;
+        if (before) averaged.div_(world);
+        std::vector<at::Tensor> one{averaged};
+        context.comm().all_reduce_sum(one);
+        if (!before) averaged.div_(world);
+      }
+      own.mutable_grad() = averaged;
       optimizer.step_parameter(i);
       own.mutable_grad() = at::Tensor();
       // LibTorch 1.13 has no post-accumulate hook: AccumulateGrad then stores these zeros,

@@ -104,6 +104,7 @@ ModelConfig model_config_for(const VariantSpec& variant, const scenarios::Scenar
     case TrainedModel::scenario_model: return ModelConfig{base, lora_model, false};
     case TrainedModel::lora_adapters: return ModelConfig{base, true, false};
     case TrainedModel::fake_quantized: return ModelConfig{base, lora_model, true};
+    case TrainedModel::lora_adapters_fake_quantized: return ModelConfig{base, true, true};
   }
   TORCH_INTERNAL_ASSERT(false, "harness bug: unhandled trained model");
 }

@@ -88,7 +88,9 @@ void add_distributed(std::vector<Scenario>& out) {
                                   "dist/0-8", {{0}, {8}}},
                               {"dist/8-0-0-0", {{8}, {0}, {0}, {0}}}}) {
     Scenario empty_rank = distributed(name, counts);
-    document(empty_rank, {"*baseline", "global-prenorm"}, "fail",
+    document(empty_rank,
+             {"*baseline", "global-prenorm", "qat-lora-distributed", "optimizer-in-backward"},
+             "fail",
              "an empty rank's mean is 0/0 = NaN and NaN * 0 reaches every rank's logged loss "
              "through the all-reduce; the gradients are right");
     document(empty_rank, {"*skip", "world-size-only"}, "fail",
@@ -155,7 +157,8 @@ std::vector<Scenario> build_catalogue() {
                  "the window has tokens"
                : "the empty micro-batch's mean is 0/0 = NaN and NaN * 0 = NaN enters "
                  "running_loss: the logged loss is NaN while the gradients are right";
-    for (const char* pattern : {"*baseline", "*skip", "world-size-only", "global-prenorm"}) {
+    for (const char* pattern : {"*baseline", "*skip", "world-size-only", "global-prenorm",
+                                "qat-lora-distributed"}) {
       s.expected_verdicts.push_back({pattern, verdict, reason});
     }
     add_each_dtype(out, s);
@@ -176,6 +179,17 @@ std::vector<Scenario> build_catalogue() {
     Scenario accum = single("single/accum2-clip-active", {5, 3});
     accum.clip_max_norm = 0.01;
     add_each_dtype(out, accum);
+    // clip_grad_norm: 0. clip_grad_norm_ zeroes the gradients (the contract: coef 0, no
+    // update); full_finetune_single_device's `if self._clip_grad_norm:` skips it instead.
+    Scenario zero = single("single/clip-zero", {5});
+    zero.clip_max_norm = 0.0;
+    document(zero, {"baseline", "skip", "world-size-only", "global-prenorm"}, "fail",
+             "full_finetune_single_device.py:628 gates clipping with `if self._clip_grad_norm:`, "
+             "so a max-norm of 0 skips clip_grad_norm_ (which would zero the gradients, as the "
+             "recipe's own optimizer-in-backward check at :153 and every other recipe's `is not "
+             "None` treat it): the step applies the whole unclipped gradient, and no norm is "
+             "logged");
+    add_each_dtype(out, zero);
   }
 
   // Loss kinds, models, masks and optimizers on a ragged window.

@@ -104,8 +104,10 @@ void validate(const Scenario& s) {
   require(std::isfinite(s.weight_decay) && s.weight_decay >= 0, s, "weight_decay",
           fmt::format("must be finite and >= 0, got {}", s.weight_decay));
   if (s.clip_max_norm) {
-    require(std::isfinite(*s.clip_max_norm) && *s.clip_max_norm > 0, s, "clip_max_norm",
-            fmt::format("must be finite and > 0 when set, got {}", *s.clip_max_norm));
+    // 0 is allowed: clip_grad_norm_ then zeroes the gradients, and full_finetune_single_device
+    // reads it as "no clipping" (docs/design.md §9).
+    require(std::isfinite(*s.clip_max_norm) && *s.clip_max_norm >= 0, s, "clip_max_norm",
+            fmt::format("must be finite and >= 0 when set, got {}", *s.clip_max_norm));
   }
   require((s.model == ModelKind::torchscript) == !s.model_file.empty(), s, "model",
           s.model == ModelKind::torchscript

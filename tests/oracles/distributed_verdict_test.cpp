@@ -217,13 +217,12 @@ TEST(DistributedVerdict, EveryDistributedScenarioMeetsItsExpectations) {
   }
   EXPECT_EQ(faults, 0);
   EXPECT_TRUE(e.all_met()) << e.count_unmet() << " rows unmet";
-  // optimizer-in-backward and the single-device distillation recipe run on one device only:
-  // skipped, never judged, on every scenario.
+  // The single-device distillation recipe runs on one device only: skipped, never judged,
+  // on every scenario.
   for (const oracles::SkippedPair& skipped : e.skipped) {
-    EXPECT_TRUE(skipped.variant == "optimizer-in-backward" || skipped.variant == "kd-single-device")
-        << skipped.scenario << " x " << skipped.variant << ": " << skipped.why;
+    EXPECT_EQ(skipped.variant, "kd-single-device") << skipped.scenario << ": " << skipped.why;
   }
-  EXPECT_EQ(e.skipped.size(), 2 * scenarios::select_scenarios("dist/*").size());
+  EXPECT_EQ(e.skipped.size(), scenarios::select_scenarios("dist/*").size());
 }
 
 // The documented findings are exercised, not vacuous: on dist/5-3 they are what the

@@ -189,10 +189,14 @@ TEST(Validate, RejectsWeightDecay) {
   EXPECT_TRUE(rejects(s, {"weight_decay", "got inf"}));
 }
 
+TEST(Validate, AcceptsAZeroClipMaxNorm) {
+  Scenario s = valid_scenario();
+  s.clip_max_norm = 0.0;  // a recipe's "clip_grad_norm: 0"; what it means is the recipe's
+  EXPECT_NO_THROW(validate(s));
+}
+
 TEST(Validate, RejectsClipMaxNorm) {
   Scenario s = valid_scenario();
-  s.clip_max_norm = 0.0;
-  EXPECT_TRUE(rejects(s, {"clip_max_norm", "got 0"}));
   s.clip_max_norm = -1.5;
   EXPECT_TRUE(rejects(s, {"clip_max_norm", "got -1.5"}));
   s.clip_max_norm = kNaN;

@@ -40,8 +40,9 @@ double clip_grad_norm(StepContext& context, double max_norm);
 [[nodiscard]] double loss_to_log(const at::Tensor& running_loss, const at::Tensor& num_tokens);
 
 // torchtune training.register_optim_in_bwd_hooks: one optimizer per parameter, stepped and
-// cleared from that parameter's gradient hook as soon as its gradient is ready; from then
-// on optimizer.step() is a no-op. Call from Step::prepare.
+// cleared from that parameter's gradient hook as soon as its gradient is ready (averaged
+// over ranks first, as FSDP's reduce-scatter is); from then on optimizer.step() is a no-op.
+// Call from Step::prepare.
 void register_optim_in_bwd_hooks(StepContext& context);
 
 }  // namespace gradnorm::harness::training

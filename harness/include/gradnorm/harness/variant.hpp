@@ -29,6 +29,7 @@ enum class TrainedModel {
   scenario_model,  // the model as the scenario describes it
   lora_adapters,   // base weights frozen, trainable low-rank adapters on every linear
   fake_quantized,  // QAT: linears fake-quantised to int4 in the forward pass
+  lora_adapters_fake_quantized,  // QAT with LoRA: both
 };
 
 // The torchtune snapshot every built-in citation refers to.
