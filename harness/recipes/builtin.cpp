@@ -12,6 +12,7 @@ void register_builtin_variants() {
   register_lora_finetune();
   register_qat();
   register_knowledge_distillation();
+  register_early_exit();
   controls::register_step_inside_skip_gate();
   controls::register_clip_inside_skip_gate();
   controls::register_logged_loss_divided_by_n();

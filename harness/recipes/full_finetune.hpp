@@ -74,6 +74,7 @@ void register_lora_finetune();
 void register_qat();
 void register_optimizer_in_backward();
 void register_knowledge_distillation();
+void register_early_exit();
 
 // Citations shared by the recipe and control files.
 [[nodiscard]] std::vector<Citation> full_finetune_citations();

@@ -158,7 +158,7 @@ std::vector<Scenario> build_catalogue() {
                : "the empty micro-batch's mean is 0/0 = NaN and NaN * 0 = NaN enters "
                  "running_loss: the logged loss is NaN while the gradients are right";
     for (const char* pattern : {"*baseline", "*skip", "world-size-only", "global-prenorm",
-                                "qat-lora-distributed"}) {
+                                "qat-lora-distributed", "early-exit-distributed"}) {
       s.expected_verdicts.push_back({pattern, verdict, reason});
     }
     add_each_dtype(out, s);

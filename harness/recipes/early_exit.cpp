@@ -1,0 +1,86 @@
+// torchtune's dev/early_exit_finetune_distributed, with the early-exit loss off (no hidden
+// states requested): the full distributed recipe's loop, but its gradients are scaled by
+// 1 / num_tokens after FSDP's average over ranks, and with optimizer in backward its loss
+// is divided by num_tokens alone.
+#include <ATen/ATen.h>
+
+#include "qat.hpp"
+
+namespace gradnorm::harness::recipes {
+namespace {
+
+constexpr const char* kRecipe = "recipes/dev/early_exit_finetune_distributed.py";
+
+// Its optimizer-in-backward checks, clipping gate (`is not None`) and logging
+// (running_loss.item() / num_tokens) are the QAT recipes' word for word.
+class EarlyExitFinetune final : public QatFinetune {
+ public:
+  void train_step(StepContext& context) override {
+    if (in_backward(context)) return train_in_backward(context);
+    const Window window = backward_token_sums(context);
+    training::rank_average(context);  // FSDP, in backward
+    const Window totals = all_reduce_totals(context, window);
+    // `training.scale_grads(self._model, 1 / num_tokens)`: no world_size.
+    training::scale_grads(context,
+                          at::scalar_tensor(1, at::kFloat) / totals.num_tokens.to(at::kFloat));
+    clip_and_step(context);
+    context.log_loss(loss_to_log(totals, context));
+  }
+
+ protected:
+  void train_in_backward(StepContext& context) const override {
+    Window window{at::zeros({}, at::kLong), at::zeros({}, at::kFloat)};
+    for (const MicroBatch& batch : context.micro_batches()) {
+      const at::Tensor current_num_tokens = training::valid_token_count(batch);
+      window.num_tokens += current_num_tokens;
+      at::Tensor current_loss =
+          context.loss(context.model().logits(batch), batch.labels) * current_num_tokens;
+      window.running_loss = window.running_loss + current_loss.detach();
+      std::vector<at::Tensor> num_tokens{window.num_tokens};
+      context.comm().all_reduce_sum(num_tokens);
+      std::vector<at::Tensor> running_loss{window.running_loss};
+      context.comm().all_reduce_sum(running_loss);
+      current_loss = current_loss / window.num_tokens;  // no dp_degree
+      training::backward(context, current_loss);
+    }
+    context.log_loss(loss_to_log(window, context));
+  }
+};
+
+// Measured: after FSDP's 1/W average, scale_grads(1 / num_tokens) leaves every token
+// weighing 1/(W N); the optimizer-in-backward path divides by num_tokens alone, the same.
+std::optional<Finding> findings(const scenarios::Scenario& s, const ContractFacts& facts) {
+  if (facts.global_token_count == 0 || s.world_size == 1) return std::nullopt;
+  return Finding{"fail",
+                 fmt::format("{}:928 scales the gradients by 1 / num_tokens after FSDP has "
+                             "averaged them over the {} ranks ({}:916 divides the "
+                             "optimizer-in-backward loss by num_tokens alone): every token "
+                             "weighs 1/(W N), the gradients are 1/W of the contract's "
+                             "(relative error 1 - 1/W = {:.2g}); full_finetune_distributed "
+                             "scales by world_size / num_tokens",
+                             kRecipe, s.world_size, kRecipe,
+                             1.0 - 1.0 / static_cast<double>(s.world_size))};
+}
+
+}  // namespace
+
+void register_early_exit() {
+  register_variant({
+      .name = "early-exit-distributed",
+      .role = Role::reference,
+      .reference = "early-exit-distributed",
+      .summary = "dev/early_exit_finetune_distributed without the early-exit loss: "
+                 "backward(mean * n), FSDP average, all-reduced counts, scale_grads(1 / "
+                 "num_tokens), clip, step",
+      .cites = {{kRecipe, 863, 904, "backward(loss * current_num_tokens) (the plain-loss path)"},
+                {kRecipe, 910, 916,
+                 "optimizer in backward: counts all-reduced, current_loss / num_tokens"},
+                {kRecipe, 918, 940, "all_reduce, scale_grads(1 / num_tokens), clip, step, "
+                                    "loss_to_log"},
+                {kRecipe, 213, 224, "refuses clipping and accumulation with optimizer in bwd"}},
+      .make = [] { return std::make_unique<EarlyExitFinetune>(); },
+      .findings = findings,
+  });
+}
+
+}  // namespace gradnorm::harness::recipes
