@@ -4,6 +4,8 @@
 // is divided by num_tokens alone.
 #include <ATen/ATen.h>
 
+#include <fmt/format.h>
+
 #include "qat.hpp"
 
 namespace gradnorm::harness::recipes {

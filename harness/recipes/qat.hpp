@@ -2,8 +2,6 @@
 // torchtune's QAT recipes, for the recipe file and the controls that break them. Private to
 // the harness.
 
-#include <fmt/format.h>
-
 #include "full_finetune.hpp"
 
 namespace gradnorm::harness::recipes {
