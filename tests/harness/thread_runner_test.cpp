@@ -324,8 +324,17 @@ TEST(RunSingleDevice, RejectsAMultiRankScenario) {
   }
 }
 
-// Optimizer in backward is modelled on one device only: asking for it on two ranks names
-// the variant and the reason, whichever side asks for it.
+// A pair the harness cannot run is an input error naming the variant and the reason.
+TEST(RunInThreads, APairThatCannotRunIsInvalidInput) {
+  try {
+    (void)run_in_threads(find_variant("kd-single-device"), ragged_two_ranks());
+    ADD_FAILURE() << "the single-device distillation recipe ran on 2 ranks";
+  } catch (const InvalidInput& error) {
+    EXPECT_TRUE(contains(error.what(), "'kd-single-device'")) << error.what();
+    EXPECT_TRUE(contains(error.what(), "a single-device recipe")) << error.what();
+  }
+}
+
 // full_finetune_distributed with optimizer_in_bwd: each parameter steps in its hook on the
 // gradient averaged over ranks, so every rank holds the same replica, and the consumed
 // gradients are the token-sum path's up to rounding.
