@@ -124,8 +124,9 @@ void FullFinetune::train_in_backward(StepContext& context) const {
     context.comm().all_reduce_sum(num_tokens);
     std::vector<at::Tensor> running_loss{window.running_loss};
     context.comm().all_reduce_sum(running_loss);
-    // `self.dp_degree / num_tokens`: a float32 scalar; every rank is a data-parallel rank.
-    const int dp_degree = context.world_size();
+    // `self.dp_degree / num_tokens`: a float32 scalar; dp_degree is the mesh's
+    // dp_replicate x dp_shard (the world size when there is no tensor or context parallelism).
+    const int dp_degree = context.scenario().data_parallel_size();
     current_loss = current_loss * (at::scalar_tensor(dp_degree, at::kFloat) /
                                    window.num_tokens.to(at::kFloat));
     training::backward(context, current_loss);

@@ -102,9 +102,27 @@ MicroBatch make_micro_batch(const scenarios::Scenario& s, int rank, int step, in
   return out;
 }
 
+MicroBatch make_mesh_micro_batch(const scenarios::Scenario& s, int rank, int step, int micro) {
+  if (!s.has_mesh()) return make_micro_batch(s, rank, step, micro);
+  const scenarios::MeshCoordinates where = s.mesh_coordinates(rank);
+  MicroBatch out = make_micro_batch(s, where.data_parallel_rank, step, micro);
+  if (s.cp > 1) {
+    // Context parallelism: this rank computes the loss of its contiguous shard of every
+    // sequence; the forward still sees the whole prefix, as ring attention does.
+    const auto shards = at::arange(s.sequence_length, at::TensorOptions().dtype(at::kLong))
+                            .tensor_split(s.cp);
+    const at::Tensor mine = shards[static_cast<std::size_t>(where.cp)];
+    at::Tensor keep = at::zeros({s.sequence_length}, at::TensorOptions().dtype(at::kBool));
+    keep.index_fill_(0, mine, true);
+    out.labels = at::where(keep.unsqueeze(0), out.labels, at::full_like(out.labels, kIgnoreIndex));
+    out.valid_count = out.labels.ne(kIgnoreIndex).sum().item<long>();
+  }
+  return out;
+}
+
 BatchSource scenario_batches(const scenarios::Scenario& scenario) {
   return [scenario](int rank, int step, int micro) {
-    return make_micro_batch(scenario, rank, step, micro);
+    return make_mesh_micro_batch(scenario, rank, step, micro);
   };
 }
 

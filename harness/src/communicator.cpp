@@ -5,6 +5,8 @@
 #include <fmt/format.h>
 #include <fmt/ranges.h>
 
+#include <algorithm>
+
 namespace gradnorm::harness {
 
 bool Communicator::any(bool failed) {
@@ -13,18 +15,57 @@ bool Communicator::any(bool failed) {
   return flag[0].item<long>() > 0;
 }
 
-ThreadRoom::ThreadRoom(int world_size, std::chrono::milliseconds timeout)
+Communicator& Communicator::group(const std::vector<int>& ranks) {
+  if (static_cast<int>(ranks.size()) == world_size()) return *this;
+  throw CommunicationError(fmt::format("the {} transport has no subgroups (asked for ranks {})",
+                                       kind(), fmt::join(ranks, ", ")));
+}
+
+Communicator& ThreadCommunicator::group(const std::vector<int>& ranks) {
+  if (static_cast<int>(ranks.size()) == world_size()) return *this;
+  auto found = groups_.find(ranks);
+  if (found == groups_.end()) {
+    const auto me = std::find(ranks.begin(), ranks.end(), rank_);
+    TORCH_INTERNAL_ASSERT(me != ranks.end(), "harness bug: rank ", rank_, " asked for a group without it");
+    found = groups_.emplace(ranks, std::make_unique<ThreadCommunicator>(
+                                       room_->subroom(ranks), static_cast<int>(me - ranks.begin())))
+                .first;
+  }
+  return *found->second;
+}
+
+std::shared_ptr<ThreadRoom> ThreadRoom::subroom(const std::vector<int>& ranks) {
+  std::lock_guard lock(subrooms_mutex_);
+  auto found = subrooms_.find(ranks);
+  if (found == subrooms_.end()) {
+    found = subrooms_.emplace(ranks, std::make_shared<ThreadRoom>(static_cast<int>(ranks.size()),
+                                                                 timeout_, this))
+                .first;
+    if (auto why = aborted()) found->second->abort_locally(*why);
+  }
+  return found->second;
+}
+
+ThreadRoom::ThreadRoom(int world_size, std::chrono::milliseconds timeout, ThreadRoom* parent)
     : world_size_(world_size),
       timeout_(timeout),
+      parent_(parent),
       deposits_(static_cast<std::size_t>(world_size), nullptr),
       present_(static_cast<std::size_t>(world_size), false) {}
 
 void ThreadRoom::abort(const std::string& why) {
+  if (parent_) return parent_->abort(why);  // the root aborts the whole tree
+  abort_locally(why);
+}
+
+void ThreadRoom::abort_locally(const std::string& why) {
   {
     std::lock_guard lock(mutex_);
     if (!aborted_) aborted_ = why;
   }
   arrived_cv_.notify_all();
+  std::lock_guard lock(subrooms_mutex_);
+  for (auto& [ranks, room] : subrooms_) room->abort_locally(why);
 }
 
 std::optional<std::string> ThreadRoom::aborted() const {
@@ -66,9 +107,13 @@ void ThreadRoom::all_reduce_sum(int rank, std::vector<at::Tensor>& tensors) {
     for (int r = 0; r < world_size_; ++r) {
       if (!present_[static_cast<std::size_t>(r)]) missing.push_back(r);
     }
-    aborted_ = fmt::format("rank {} did not reach collective #{} within {} ms (hang)",
-                           fmt::join(missing, ", "), generation + 1, timeout_.count());
-    arrived_cv_.notify_all();
+    const std::string why =
+        fmt::format("{}rank {} did not reach collective #{} within {} ms (hang)",
+                    parent_ ? "in a subgroup, " : "", fmt::join(missing, ", "), generation + 1,
+                    timeout_.count());
+    lock.unlock();
+    abort(why);
+    lock.lock();
   }
   throw CommunicationError(*aborted_);
 }

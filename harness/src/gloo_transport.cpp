@@ -136,6 +136,12 @@ class ProcessGroupTransport final : public Transport {
           "scenario '{}' has world_size {} but this process group has {} ranks", scenario.name,
           scenario.world_size, rendezvous_.world_size));
     }
+    if (scenario.has_mesh()) {
+      throw scenarios::InvalidInput(fmt::format(
+          "scenario '{}' has a mesh (dp_replicate {}, tp {}, cp {}): meshes run with ranks as "
+          "threads only so far; drop --nproc/--launcher to run it",
+          scenario.name, scenario.dp_replicate, scenario.tp, scenario.cp));
+    }
     if (auto why = not_applicable(variant, scenario)) {
       throw scenarios::InvalidInput(fmt::format("variant '{}' cannot run scenario '{}': {}",
                                                 variant.name, scenario.name, *why));

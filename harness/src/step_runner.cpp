@@ -5,6 +5,8 @@
 
 #include <fmt/format.h>
 
+#include <map>
+
 #include "gradnorm/harness/loss.hpp"
 #include "gradnorm/harness/runner.hpp"
 #include "gradnorm/harness/step.hpp"
@@ -37,9 +39,39 @@ class StepCommunicator final : public Communicator {
     if (inner_.any(false)) throw PeerFailure{};
   }
   void announce_failure() { (void)inner_.any(true); }
+  // A mesh subgroup's collectives go through the same agreement, held by the whole world.
+  Communicator& group(const std::vector<int>& ranks) override {
+    if (static_cast<int>(ranks.size()) == world_size()) return *this;
+    auto found = groups_.find(ranks);
+    if (found == groups_.end()) {
+      found = groups_.emplace(ranks, std::make_unique<Subgroup>(*this, inner_.group(ranks))).first;
+    }
+    return *found->second;
+  }
 
  private:
+  class Subgroup final : public Communicator {
+   public:
+    Subgroup(StepCommunicator& world, Communicator& inner) : world_(world), inner_(inner) {}
+    int rank() const override { return inner_.rank(); }
+    int world_size() const override { return inner_.world_size(); }
+    std::string kind() const override { return inner_.kind(); }
+    void all_reduce_sum(std::vector<at::Tensor>& tensors) override {
+      world_.check_peers();
+      inner_.all_reduce_sum(tensors);
+    }
+    void barrier() override {
+      world_.check_peers();
+      inner_.barrier();
+    }
+
+   private:
+    StepCommunicator& world_;
+    Communicator& inner_;
+  };
+
   Communicator& inner_;
+  std::map<std::vector<int>, std::unique_ptr<Subgroup>> groups_;
 };
 
 ModelConfig teacher_config(const VariantSpec& variant, const scenarios::Scenario& scenario) {
@@ -152,11 +184,14 @@ class RankRun final : public StepContext {
     step_index_ = step;
     window_.clear();
     const int rank = comm_.rank();
+    const int data_parallel_rank = scenario_.mesh_coordinates(rank).data_parallel_rank;
     for (int micro = 0; micro < scenario_.accumulation_steps; ++micro) {
       window_.push_back(batches_(rank, step, micro));
+      // Under context parallelism a rank holds a shard: its count is not the scenario's.
+      if (scenario_.cp > 1) continue;
       const long valid = window_.back().labels.ne(kIgnoreIndex).sum().item<long>();
-      const int wanted =
-          scenario_.valid_tokens[static_cast<std::size_t>(rank)][static_cast<std::size_t>(micro)];
+      const int wanted = scenario_.valid_tokens[static_cast<std::size_t>(data_parallel_rank)]
+                                               [static_cast<std::size_t>(micro)];
       if (valid != wanted) {
         throw scenarios::InvalidInput(fmt::format(
             "scenario '{}': the batch source gave rank {} step {} micro-batch {} with {} valid "

@@ -23,24 +23,42 @@ void scale_grads(StepContext& context, const at::Tensor& scaler) {
   ++context.counters().scale_passes;
 }
 
+namespace {
+
+// FSDP's (and HSDP's) gradient group: every rank with this rank's tensor-parallel
+// coordinate, dp_replicate x dp_shard x cp of them.
+std::vector<int> fsdp_group(const scenarios::Scenario& s, int rank) {
+  std::vector<int> ranks;
+  for (int r = rank % s.tp; r < s.world_size; r += s.tp) ranks.push_back(r);
+  return ranks;
+}
+
+// Sums `grads` over the FSDP group and divides by its size, before or after the sum.
+void average_in_fsdp_group(StepContext& context, std::vector<at::Tensor>& grads) {
+  const scenarios::Scenario& s = context.scenario();
+  Communicator& group = context.comm().group(fsdp_group(s, context.rank()));
+  const int size = group.world_size();
+  const bool before = s.rank_average == scenarios::RankAverage::divide_before_sum;
+  if (before) {
+    for (at::Tensor& g : grads) g.div_(size);
+  }
+  group.all_reduce_sum(grads);
+  if (!before) {
+    for (at::Tensor& g : grads) g.div_(size);
+  }
+}
+
+}  // namespace
+
 void rank_average(StepContext& context) {
-  const int world = context.world_size();
-  if (world == 1) return;
+  if (context.world_size() == 1) return;
   at::NoGradGuard no_grad;
   std::vector<at::Tensor> grads;
   for (at::Tensor p : context.optimizer().parameters()) {
     if (!p.grad().defined()) p.mutable_grad() = at::zeros_like(p);
     grads.push_back(p.grad());
   }
-  const bool before =
-      context.scenario().rank_average == scenarios::RankAverage::divide_before_sum;
-  if (before) {
-    for (at::Tensor& g : grads) g.div_(world);
-  }
-  context.comm().all_reduce_sum(grads);
-  if (!before) {
-    for (at::Tensor& g : grads) g.div_(world);
-  }
+  average_in_fsdp_group(context, grads);
   ++context.counters().reduce_passes;
 }
 
@@ -70,12 +88,8 @@ void register_optim_in_bwd_hooks(StepContext& context) {
       if (world > 1) {
         // FSDP's reduce-scatter averages the gradient before the post-accumulate hook.
         at::NoGradGuard no_grad;
-        const bool before =
-            context.scenario().rank_average == scenarios::RankAverage::divide_before_sum;
-        if (before) averaged.div_(world);
         std::vector<at::Tensor> one{averaged};
-        context.comm().all_reduce_sum(one);
-        if (!before) averaged.div_(world);
+        average_in_fsdp_group(context, one);
       }
       own.mutable_grad() = averaged;
       optimizer.step_parameter(i);

@@ -95,7 +95,9 @@ OracleResult run_oracle(const Scenario& s, const harness::ModelConfig& model_con
     std::vector<at::Tensor> rows;
     std::vector<at::Tensor> targets;
     std::vector<at::Tensor> teacher_rows;
-    for (int rank = 0; rank < s.world_size; ++rank) {
+    // Every data-parallel rank's batch, whole: the tokens tensor- and context-parallel ranks
+    // share or split are counted once.
+    for (int rank = 0; rank < s.data_parallel_size(); ++rank) {
       for (harness::MicroBatch batch : harness::make_rank_window(s, rank, step)) {
         if (batch.inputs.is_floating_point()) batch.inputs = batch.inputs.to(at::kDouble);
         const at::Tensor logits = model->logits(batch);

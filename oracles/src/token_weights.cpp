@@ -46,7 +46,7 @@ TokenWeightReport probe_token_weights(const scenarios::Scenario& original,
   const at::Tensor table = rank0.steps.front().gradients.front().value.to(at::kDouble);
   const double uniform = 1.0 / static_cast<double>(s.vocab_size);
   double squares = 0, expected_squares = 0;
-  for (int rank = 0; rank < s.world_size; ++rank) {
+  for (int rank = 0; rank < s.data_parallel_size(); ++rank) {
     RankTokenWeights weights;
     weights.rank = rank;
     weights.tokens = s.rank_token_count(rank);

@@ -122,6 +122,75 @@ void add_distributed(std::vector<Scenario>& out) {
   }
 }
 
+
+// Meshes (docs/design.md §7): tensor parallelism (ranks that share their batch), context
+// parallelism (ranks that split each sequence), HSDP (replicated shard groups), with and
+// without optimizer in backward. Measured, then documented.
+constexpr const char* kCandidatesOnMeshes =
+    "the pull request's skip path (and the review's world_size-only reading) weigh a token by "
+    "its rank's own count: wrong on ragged data-parallel ranks, whatever the mesh adds";
+constexpr const char* kDpDegree =
+    "optimizer in backward multiplies the loss by dp_degree / num_tokens "
+    "(full_finetune_distributed.py:1023, qat_distributed.py:996), but num_tokens is all-reduced "
+    "over the whole world (tensor-parallel replicas count their batch again, context-parallel "
+    "shards add up) and FSDP averages over dp x cp ranks: every token weighs 1/(tp cp N), so "
+    "the gradients are 1/(tp cp) of the contract's (relative error 0.5 with tp or cp = 2); the "
+    "token-sum path's world_size / num_tokens has no such factor";
+
+void add_meshes(std::vector<Scenario>& out) {
+  auto mesh = [](std::string name, std::vector<std::vector<int>> counts, int tp, int cp,
+                 int replicate) {
+    Scenario s = distributed(std::move(name), std::move(counts));
+    s.tp = tp;
+    s.cp = cp;
+    s.dp_replicate = replicate;
+    s.world_size = static_cast<int>(s.valid_tokens.size()) * tp * cp;
+    return s;
+  };
+  const auto candidates = {"skip", "world-size-only", "lora-skip", "qat-skip"};
+  Scenario tp2 = mesh("dist/tp2", {{5}, {3}}, 2, 1, 1);
+  document(tp2, candidates, "fail", kCandidatesOnMeshes);
+  document(tp2, {"optimizer-in-backward"}, "fail", kDpDegree);
+  add_each_dtype(out, tp2);
+
+  // Every shard of every sequence holds labels here (random holes over 15 positions).
+  Scenario cp2 = mesh("dist/cp2", {{12}, {10}}, 1, 2, 1);
+  cp2.micro_batch_size = 1;
+  cp2.sequence_length = 16;
+  cp2.mask = MaskPattern::random_holes;
+  document(cp2, candidates, "fail", kCandidatesOnMeshes);
+  document(cp2, {"optimizer-in-backward"}, "fail", kDpDegree);
+  add_each_dtype(out, cp2);
+
+  // Trailing padding: the second half of every sequence is padding, so one context-parallel
+  // rank holds no label at all.
+  Scenario padded = mesh("dist/cp2-padded", {{5}, {3}}, 1, 2, 1);
+  document(padded, {"*baseline", "global-prenorm", "qat-lora-distributed", "early-exit-distributed"},
+           "fail",
+           "a context-parallel rank whose shard is all padding has a token mean of 0/0 = NaN; "
+           "running_loss += NaN * 0 and the all-reduce carry it into every rank's logged loss; "
+           "the gradients are right");
+  document(padded, candidates, "fail", kCandidatesOnMeshes);
+  document(padded, {"optimizer-in-backward"}, "fail", kDpDegree);
+  add_each_dtype(out, padded);
+
+  Scenario hsdp = mesh("dist/hsdp", {{5}, {3}, {4}, {2}}, 1, 1, 2);
+  document(hsdp, candidates, "fail", kCandidatesOnMeshes);
+  add_each_dtype(out, hsdp);
+
+  for (auto [name, tp, cp] : {std::tuple{"dist/tp2-in-bwd", 2, 1}, std::tuple{"dist/cp2-in-bwd", 1, 2}}) {
+    Scenario in_bwd = mesh(name, {{12}, {10}}, tp, cp, 1);
+    in_bwd.micro_batch_size = 1;
+    in_bwd.sequence_length = 16;
+    in_bwd.mask = MaskPattern::random_holes;
+    in_bwd.optimizer_in_backward = true;
+    document(in_bwd, {"baseline", "skip", "world-size-only", "optimizer-in-backward", "qat-baseline",
+                      "qat-skip"},
+             "fail", kDpDegree);
+    add_each_dtype(out, in_bwd);
+  }
+}
+
 std::vector<Scenario> build_catalogue() {
   std::vector<Scenario> out;
   // The seed's check 1: single-device gradients for n in {1, 3, 5, 8}.
@@ -241,6 +310,7 @@ std::vector<Scenario> build_catalogue() {
              "logged");
     add_each_dtype(out, zero);
   }
+  add_meshes(out);
   for (const Scenario& s : out) validate(s);
   return out;
 }

@@ -69,6 +69,16 @@ long Scenario::rank_token_count(int rank) const {
   return std::accumulate(row.begin(), row.end(), 0L);
 }
 
+MeshCoordinates Scenario::mesh_coordinates(int rank) const {
+  MeshCoordinates c;
+  c.tp = rank % tp;
+  c.cp = (rank / tp) % cp;
+  c.dp_shard = (rank / (tp * cp)) % dp_shard();
+  c.dp_replicate = rank / (tp * cp * dp_shard());
+  c.data_parallel_rank = c.dp_replicate * dp_shard() + c.dp_shard;
+  return c;
+}
+
 long Scenario::global_token_count() const {
   long total = 0;
   for (int rank = 0; rank < static_cast<int>(valid_tokens.size()); ++rank) {
@@ -81,6 +91,17 @@ void validate(const Scenario& s) {
   require(!s.name.empty(), s, "name", "must not be empty");
   require(s.world_size >= 1 && s.world_size <= 4096, s, "world_size",
           fmt::format("must be in [1, 4096], got {}", s.world_size));
+  for (auto [field, size] : {std::pair{"dp_replicate", s.dp_replicate}, std::pair{"tp", s.tp},
+                             std::pair{"cp", s.cp}}) {
+    require(size >= 1 && size <= s.world_size, s, field,
+            fmt::format("must be in [1, world_size={}], got {}", s.world_size, size));
+  }
+  require(s.world_size % (s.dp_replicate * s.tp * s.cp) == 0, s, "world_size",
+          fmt::format("{} is not dp_replicate {} x dp_shard x cp {} x tp {} for any dp_shard",
+                      s.world_size, s.dp_replicate, s.cp, s.tp));
+  require(s.cp <= s.sequence_length, s, "cp",
+          fmt::format("splits each sequence into {} shards but it has {} positions", s.cp,
+                      s.sequence_length));
   require(s.accumulation_steps >= 1 && s.accumulation_steps <= 1024, s, "accumulation_steps",
           fmt::format("must be in [1, 1024], got {}", s.accumulation_steps));
   require(s.micro_batch_size >= 1 && s.micro_batch_size <= 4096, s, "micro_batch_size",
@@ -129,9 +150,13 @@ void validate(const Scenario& s) {
     require(!e.variant_pattern.empty() && !e.reason.empty(), s, "expected_verdicts",
             "needs a variant pattern and a reason");
   }
-  require(static_cast<int>(s.valid_tokens.size()) == s.world_size, s, "valid_tokens",
-          fmt::format("has {} rank rows but world_size is {}", s.valid_tokens.size(),
-                      s.world_size));
+  require(static_cast<int>(s.valid_tokens.size()) == s.data_parallel_size(), s, "valid_tokens",
+          s.has_mesh()
+              ? fmt::format("has {} rows but the mesh has {} data-parallel ranks (world_size {} "
+                            "/ (tp {} x cp {}))",
+                            s.valid_tokens.size(), s.data_parallel_size(), s.world_size, s.tp, s.cp)
+              : fmt::format("has {} rank rows but world_size is {}", s.valid_tokens.size(),
+                            s.world_size));
   const int capacity = s.micro_batch_capacity();
   for (std::size_t rank = 0; rank < s.valid_tokens.size(); ++rank) {
     const auto& row = s.valid_tokens[rank];
@@ -157,7 +182,7 @@ std::string describe(const Scenario& s) {
   std::string clip = s.clip_max_norm ? fmt::format("{}", *s.clip_max_norm) : "none";
   return fmt::format(
       "{} W={} A={} counts={} B={} T={} mask={} V={} H={} dtype={} model={} loss={} opt={} "
-      "lr={} clip={} in_bwd={} steps={} seed={}{}{}",
+      "lr={} clip={} in_bwd={} steps={} seed={}{}{}{}",
       s.name, s.world_size, s.accumulation_steps, counts, s.micro_batch_size, s.sequence_length,
       to_string(s.mask), s.vocab_size, s.hidden_size, to_string(s.dtype),
       s.model == ModelKind::torchscript ? "torchscript:" + s.model_file
@@ -165,7 +190,10 @@ std::string describe(const Scenario& s) {
       to_string(s.loss), to_string(s.optimizer), s.learning_rate, clip, s.optimizer_in_backward,
       s.steps, s.seed,
       s.world_size > 1 ? fmt::format(" average={}", to_string(s.rank_average)) : std::string(),
-      s.kd_ratio != 0.5 ? fmt::format(" kd_ratio={}", s.kd_ratio) : std::string());
+      s.kd_ratio != 0.5 ? fmt::format(" kd_ratio={}", s.kd_ratio) : std::string(),
+      s.has_mesh() ? fmt::format(" mesh=dp_replicate:{},dp_shard:{},cp:{},tp:{}", s.dp_replicate,
+                                 s.dp_shard(), s.cp, s.tp)
+                   : std::string());
 }
 
 std::ostream& operator<<(std::ostream& out, const Scenario& scenario) {

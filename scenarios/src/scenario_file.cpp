@@ -114,6 +114,9 @@ Scenario read_scenario(const toml::table& table, const std::string& where,
   r.read(std::string_view("name"), s.name, "a string");
   r.read_int("world_size", s.world_size);
   r.read_int("accumulation_steps", s.accumulation_steps);
+  r.read_int("dp_replicate", s.dp_replicate);
+  r.read_int("tp", s.tp);
+  r.read_int("cp", s.cp);
   r.read_int("micro_batch_size", s.micro_batch_size);
   r.read_int("sequence_length", s.sequence_length);
   r.read_int("vocab_size", s.vocab_size);
@@ -210,7 +213,10 @@ std::vector<Scenario> parse_scenarios(const std::string& text, const std::string
       throw InvalidInput(fmt::format("{}: scenario #{}: name is missing", source, i + 1));
     }
     // A counts table sets the window shape when the shape is not given explicitly.
-    if (!table->contains("world_size")) s.world_size = static_cast<int>(s.valid_tokens.size());
+    // One row per data-parallel rank: tensor- and context-parallel ranks multiply it.
+    if (!table->contains("world_size")) {
+      s.world_size = static_cast<int>(s.valid_tokens.size()) * s.tp * s.cp;
+    }
     if (!table->contains("accumulation_steps") && !s.valid_tokens.empty()) {
       s.accumulation_steps = static_cast<int>(s.valid_tokens.front().size());
     }

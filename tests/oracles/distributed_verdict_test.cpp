@@ -217,12 +217,19 @@ TEST(DistributedVerdict, EveryDistributedScenarioMeetsItsExpectations) {
   }
   EXPECT_EQ(faults, 0);
   EXPECT_TRUE(e.all_met()) << e.count_unmet() << " rows unmet";
-  // The single-device distillation recipe runs on one device only: skipped, never judged,
-  // on every scenario.
-  for (const oracles::SkippedPair& skipped : e.skipped) {
-    EXPECT_EQ(skipped.variant, "kd-single-device") << skipped.scenario << ": " << skipped.why;
+  // Left out, never judged: the single-device distillation recipe on every scenario, and
+  // global-prenorm (a token-sum-path candidate) where the optimizer steps in backward.
+  std::size_t in_backward = 0;
+  for (const scenarios::Scenario& sc : scenarios::select_scenarios("dist/*")) {
+    in_backward += sc.optimizer_in_backward ? 1 : 0;
   }
-  EXPECT_EQ(e.skipped.size(), scenarios::select_scenarios("dist/*").size());
+  for (const oracles::SkippedPair& skipped : e.skipped) {
+    EXPECT_TRUE(skipped.variant == "kd-single-device" ||
+                (skipped.variant == "global-prenorm" &&
+                 scenarios::find_scenario(skipped.scenario).optimizer_in_backward))
+        << skipped.scenario << " x " << skipped.variant << ": " << skipped.why;
+  }
+  EXPECT_EQ(e.skipped.size(), scenarios::select_scenarios("dist/*").size() + in_backward);
 }
 
 // The documented findings are exercised, not vacuous: on dist/5-3 they are what the

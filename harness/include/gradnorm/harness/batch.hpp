@@ -24,19 +24,24 @@ struct MicroBatch {
 // at::ScalarType of a scenario dtype.
 [[nodiscard]] c10::ScalarType scalar_type(scenarios::DType dtype);
 
-// The micro-batch `micro` of `rank` at optimizer step `step`; the same arguments always give
-// bit-identical tensors.
+// The micro-batch `micro` of data-parallel rank `rank` at optimizer step `step`; the same
+// arguments always give bit-identical tensors.
 [[nodiscard]] MicroBatch make_micro_batch(const scenarios::Scenario& scenario, int rank, int step,
                                           int micro);
+
+// What world rank `rank` of the scenario's mesh sees: its data-parallel rank's micro-batch,
+// with, under context parallelism, only its own shard of every sequence labelled.
+[[nodiscard]] MicroBatch make_mesh_micro_batch(const scenarios::Scenario& scenario, int rank,
+                                               int step, int micro);
 
 // Where a run takes its micro-batches from: (rank, step, micro) -> tensors. The default is
 // make_micro_batch; tests and users can feed their own batches.
 using BatchSource = std::function<MicroBatch(int rank, int step, int micro)>;
 
-// The scenario's own batches.
+// The scenario's own batches, by world rank (make_mesh_micro_batch).
 [[nodiscard]] BatchSource scenario_batches(const scenarios::Scenario& scenario);
 
-// Every micro-batch of `rank` for one optimizer step, in order.
+// Every micro-batch of data-parallel rank `rank` for one optimizer step, in order.
 [[nodiscard]] std::vector<MicroBatch> make_rank_window(const scenarios::Scenario& scenario,
                                                        int rank, int step);
 

@@ -7,6 +7,7 @@
 
 #include <chrono>
 #include <condition_variable>
+#include <map>
 #include <memory>
 #include <mutex>
 #include <optional>
@@ -36,6 +37,10 @@ class Communicator {
   [[nodiscard]] bool any(bool failed);
   // What a report says about the transport: "solo", "threads", "gloo".
   [[nodiscard]] virtual std::string kind() const = 0;
+  // The communicator among `ranks` (ascending world ranks, this one among them), for a
+  // mesh's subgroups; every rank of the subgroup must ask for it. The whole world is this
+  // communicator itself. Transports without subgroups throw CommunicationError.
+  [[nodiscard]] virtual Communicator& group(const std::vector<int>& ranks);
 };
 
 // World size 1: every collective is the identity.
@@ -54,7 +59,10 @@ class SoloCommunicator final : public Communicator {
 // CommunicationError naming the ranks that are missing.
 class ThreadRoom {
  public:
-  ThreadRoom(int world_size, std::chrono::milliseconds timeout);
+  ThreadRoom(int world_size, std::chrono::milliseconds timeout, ThreadRoom* parent = nullptr);
+  // The room of a subgroup, made by the first of its ranks to ask. Aborting this room aborts
+  // its subrooms; a subroom that times out aborts this room.
+  [[nodiscard]] std::shared_ptr<ThreadRoom> subroom(const std::vector<int>& ranks);
   void all_reduce_sum(int rank, std::vector<at::Tensor>& tensors);
   // Wakes every waiting rank with CommunicationError(why); later collectives throw at once.
   void abort(const std::string& why);
@@ -62,8 +70,13 @@ class ThreadRoom {
   [[nodiscard]] int world_size() const { return world_size_; }
 
  private:
+  void abort_locally(const std::string& why);
+
   const int world_size_;
   const std::chrono::milliseconds timeout_;
+  ThreadRoom* const parent_;
+  std::mutex subrooms_mutex_;
+  std::map<std::vector<int>, std::shared_ptr<ThreadRoom>> subrooms_;
   mutable std::mutex mutex_;
   std::condition_variable arrived_cv_;
   std::vector<std::vector<at::Tensor>*> deposits_;
@@ -84,10 +97,12 @@ class ThreadCommunicator final : public Communicator {
     room_->all_reduce_sum(rank_, none);
   }
   std::string kind() const override { return "threads"; }
+  Communicator& group(const std::vector<int>& ranks) override;
 
  private:
   std::shared_ptr<ThreadRoom> room_;
   int rank_;
+  std::map<std::vector<int>, std::unique_ptr<ThreadCommunicator>> groups_;
 };
 
 }  // namespace gradnorm::harness

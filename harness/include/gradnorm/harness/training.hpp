@@ -26,8 +26,9 @@ void backward(StepContext& context, const at::Tensor& loss);
 // parameter that has a gradient. One full pass over the gradients (Counters::scale_passes).
 void scale_grads(StepContext& context, const at::Tensor& scaler);
 
-// What FSDP/DDP do to gradients in backward on more than one rank: SUM over ranks and
-// divide by the world size, before or after the sum as the scenario's rank_average says.
+// What FSDP/DDP do to gradients in backward on more than one rank: SUM over the ranks that
+// share this rank's tensor-parallel coordinate (all of them without a mesh) and divide by
+// their number, before or after the sum as the scenario's rank_average says.
 // A parameter with no gradient takes part as zeros. Nothing on one rank.
 void rank_average(StepContext& context);
 

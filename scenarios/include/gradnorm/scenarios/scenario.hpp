@@ -47,11 +47,29 @@ struct ExpectedVerdict {
   std::string reason;
 };
 
+// Where a rank sits on torchtune's device mesh ("dp_replicate", "dp_shard", "cp", "tp"),
+// tp varying fastest.
+struct MeshCoordinates {
+  int dp_replicate = 0;
+  int dp_shard = 0;
+  int cp = 0;
+  int tp = 0;
+  int data_parallel_rank = 0;  // dp_replicate * dp_shard_size + dp_shard: whose batch it sees
+};
+
 struct Scenario {
   std::string name;
+  // Every rank of the mesh: dp_replicate * dp_shard * cp * tp.
   int world_size = 1;
+  // The mesh (docs/design.md §7). dp_shard is what the others leave of world_size. Ranks that
+  // differ only in tp see the same tokens; cp ranks split each sequence into contiguous
+  // shards; FSDP averages gradients over every rank with the same tp coordinate.
+  int dp_replicate = 1;
+  int tp = 1;
+  int cp = 1;
   int accumulation_steps = 1;
-  // valid_tokens[rank][micro_batch]: how many labels of that micro-batch are not -100.
+  // valid_tokens[data-parallel rank][micro_batch]: how many labels of that micro-batch are
+  // not -100 (one row per rank when there is no tensor or context parallelism).
   std::vector<std::vector<int>> valid_tokens{{5}};
   int micro_batch_size = 2;  // sequences per micro-batch
   int sequence_length = 8;   // positions per sequence; the last one is always ignored
@@ -78,8 +96,13 @@ struct Scenario {
   std::uint64_t seed = 0;
   std::vector<ExpectedVerdict> expected_verdicts;
 
-  // Sum over micro-batches of one rank.
+  // Sum over micro-batches of one data-parallel rank.
   [[nodiscard]] long rank_token_count(int rank) const;
+  // dp_replicate * dp_shard: the ranks that see different batches (valid_tokens rows).
+  [[nodiscard]] int data_parallel_size() const { return world_size / (tp * cp); }
+  [[nodiscard]] int dp_shard() const { return data_parallel_size() / dp_replicate; }
+  [[nodiscard]] bool has_mesh() const { return dp_replicate > 1 || tp > 1 || cp > 1; }
+  [[nodiscard]] MeshCoordinates mesh_coordinates(int rank) const;
   // N: every valid token of one step, all ranks and micro-batches.
   [[nodiscard]] long global_token_count() const;
   // Positions that can hold a valid label in one micro-batch.
