@@ -8,8 +8,12 @@
 #include <torch/csrc/distributed/c10d/TCPStore.hpp>
 
 #include <fmt/format.h>
+#include <fmt/ranges.h>
 
+#include <algorithm>
 #include <cstdlib>
+#include <functional>
+#include <map>
 #include <thread>
 
 #include "gradnorm/harness/transport.hpp"
@@ -49,11 +53,33 @@ int integer_env(const char* name, int low, int high) {
       first_line(torch_error ? torch_error->what_without_backtrace() : error.what())));
 }
 
+// Makes (once) the process group of a subgroup of world ranks, for this process.
+using SubgroupFactory = std::function<const ProcessGroupBackend&(const std::vector<int>& ranks)>;
+
 class ProcessGroupCommunicator final : public Communicator {
  public:
   ProcessGroupCommunicator(const ProcessGroupBackend& backend, int rank, int world,
-                           std::chrono::milliseconds timeout)
-      : backend_(backend), rank_(rank), world_(world), timeout_(timeout) {}
+                           std::chrono::milliseconds timeout, SubgroupFactory subgroups = {})
+      : backend_(backend),
+        rank_(rank),
+        world_(world),
+        timeout_(timeout),
+        subgroups_(std::move(subgroups)) {}
+
+  Communicator& group(const std::vector<int>& ranks) override {
+    if (static_cast<int>(ranks.size()) == world_) return *this;
+    if (!subgroups_) return Communicator::group(ranks);
+    auto found = groups_.find(ranks);
+    if (found == groups_.end()) {
+      const auto me = std::find(ranks.begin(), ranks.end(), rank_);
+      TORCH_INTERNAL_ASSERT(me != ranks.end(), "harness bug: rank ", rank_, " asked for a group without it");
+      found = groups_.emplace(ranks, std::make_unique<ProcessGroupCommunicator>(
+                                         subgroups_(ranks), static_cast<int>(me - ranks.begin()),
+                                         static_cast<int>(ranks.size()), timeout_))
+                  .first;
+    }
+    return *found->second;
+  }
   int rank() const override { return rank_; }
   int world_size() const override { return world_; }
   std::string kind() const override { return backend_.name; }
@@ -88,6 +114,8 @@ class ProcessGroupCommunicator final : public Communicator {
   int rank_;
   int world_;
   std::chrono::milliseconds timeout_;
+  SubgroupFactory subgroups_;
+  std::map<std::vector<int>, std::unique_ptr<ProcessGroupCommunicator>> groups_;
 };
 
 class ProcessGroupTransport final : public Transport {
@@ -136,18 +164,21 @@ class ProcessGroupTransport final : public Transport {
           "scenario '{}' has world_size {} but this process group has {} ranks", scenario.name,
           scenario.world_size, rendezvous_.world_size));
     }
-    if (scenario.has_mesh()) {
+    if (scenario.has_mesh() && backend_.name != "gloo") {
       throw scenarios::InvalidInput(fmt::format(
-          "scenario '{}' has a mesh (dp_replicate {}, tp {}, cp {}): meshes run with ranks as "
-          "threads only so far; drop --nproc/--launcher to run it",
-          scenario.name, scenario.dp_replicate, scenario.tp, scenario.cp));
+          "scenario '{}' has a mesh (dp_replicate {}, tp {}, cp {}): its subgroups run over "
+          "Gloo or threads, not {}",
+          scenario.name, scenario.dp_replicate, scenario.tp, scenario.cp, backend_.name));
     }
     if (auto why = not_applicable(variant, scenario)) {
       throw scenarios::InvalidInput(fmt::format("variant '{}' cannot run scenario '{}': {}",
                                                 variant.name, scenario.name, *why));
     }
-    ProcessGroupCommunicator comm(backend_, rendezvous_.rank, rendezvous_.world_size,
-                                  options_.timeout);
+    ProcessGroupCommunicator comm(
+        backend_, rendezvous_.rank, rendezvous_.world_size, options_.timeout,
+        [this](const std::vector<int>& ranks) -> const ProcessGroupBackend& {
+          return subgroup(ranks);
+        });
     const Observation mine =
         run_rank(variant, scenario, scenario_batches(scenario), comm, options_.fault);
     // Every rank publishes its observation and reads everyone else's.
@@ -176,6 +207,33 @@ class ProcessGroupTransport final : public Transport {
   std::string kind() const override { return backend_.name; }
 
  private:
+  // A ProcessGroupGloo among `ranks`, made by every member the first time it reaches the
+  // collective that needs it (the same point on each), kept for later runs.
+  const ProcessGroupBackend& subgroup(const std::vector<int>& ranks) {
+    auto found = subgroups_.find(ranks);
+    if (found != subgroups_.end()) return found->second;
+    const int index = static_cast<int>(std::find(ranks.begin(), ranks.end(), rendezvous_.rank) -
+                                       ranks.begin());
+    try {
+      auto store = c10::make_intrusive<c10d::PrefixStore>(
+          fmt::format("group-{}", fmt::join(ranks, "-")), store_);
+      auto gloo_options = c10d::ProcessGroupGloo::Options::create(options_.timeout);
+      gloo_options->devices.push_back(c10d::ProcessGroupGloo::createDeviceForHostname(
+          rendezvous_.file_store.empty() ? rendezvous_.master_addr : "127.0.0.1"));
+      ProcessGroupBackend backend;
+      backend.group = c10::make_intrusive<c10d::ProcessGroupGloo>(
+          store, index, static_cast<int>(ranks.size()), gloo_options);
+      backend.name = "gloo";
+      backend.widen_bfloat16 = true;
+      return subgroups_.emplace(ranks, std::move(backend)).first->second;
+    } catch (const c10::Error& error) {
+      throw CommunicationError(fmt::format("rank {}: subgroup {} failed to form: {}",
+                                           rendezvous_.rank, fmt::join(ranks, ", "),
+                                           first_line(error.what_without_backtrace())));
+    }
+  }
+
+  std::map<std::vector<int>, ProcessGroupBackend> subgroups_;
   Rendezvous rendezvous_;
   RunOptions options_;
   c10::intrusive_ptr<c10d::Store> store_;

@@ -111,17 +111,6 @@ TEST(Cli, ScenarioFileWithATorchScriptModel) {
   EXPECT_TRUE(contains(missing.output, "nowhere.pt' does not exist")) << explain(missing_args, missing);
 }
 
-TEST(Cli, MeshesAreRefusedWithRankProcessesBeforeAnyStarts) {
-  const std::vector<std::string> args = {"run", "--nproc", "4", "-s", "dist/tp2/float32"};
-  const CliResult r = run_cli(args);
-  EXPECT_EQ(r.exit_code, 2) << explain(args, r);
-  EXPECT_TRUE(contains(r.output, "scenario 'dist/tp2/float32' has a mesh")) << explain(args, r);
-  // Negative control: the same scenario runs with ranks as threads.
-  const std::vector<std::string> threads = {"run", "-q", "-s", "dist/tp2/float32", "-v", "baseline"};
-  const CliResult ok = run_cli(threads);
-  EXPECT_EQ(ok.exit_code, 0) << explain(threads, ok);
-}
-
 TEST(Cli, FuzzRunsEveryPropertyAndReplaysFromItsSeed) {
   const std::vector<std::string> args = {"fuzz", "--cases", "5", "--seed", "3"};
   const CliResult first = run_cli(args);

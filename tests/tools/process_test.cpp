@@ -412,6 +412,21 @@ TEST(ProcessCrossCheck, EightRanksAsProcessesReachTheSameVerdicts) {
   EXPECT_FALSE(same_verdicts_close_errors(both.threads, flipped, 1e-6));
 }
 
+// Meshes over Gloo: each FSDP subgroup is a ProcessGroupGloo of its own. Four-rank subgroups
+// add in Gloo's order, so bits may differ from threads; verdicts may not.
+TEST(ProcessCrossCheck, MeshesAsProcessesReachTheSameVerdicts) {
+  const CrossCheck both = run_both_ways(
+      {"--scenario", "dist/tp2/float32", "--scenario", "dist/cp2/float32", "--scenario",
+       "dist/hsdp/float32"},
+      4);
+  ASSERT_FALSE(HasFailure());
+  EXPECT_TRUE(same_verdicts_close_errors(both.threads, both.processes, 1e-6));
+  json flipped = both.processes;
+  json& verdict = flipped["records"].front()["verdict"];
+  verdict = verdict == "pass" ? "fail" : "pass";
+  EXPECT_FALSE(same_verdicts_close_errors(both.threads, flipped, 1e-6));
+}
+
 // The collective timeout each fault runs under. A hang is only detected when a collective
 // times out, so hang cases keep it short. A rank that throws or exits ends the run at once
 // whatever the timeout, so those cases take a long one: on a slow machine a short timeout

@@ -136,14 +136,7 @@ std::vector<std::string> rank_arguments(int argc, char** argv) {
 
 std::vector<scenarios::Scenario> with_world_size(std::vector<scenarios::Scenario> list, int world) {
   std::erase_if(list, [world](const scenarios::Scenario& s) { return s.world_size != world; });
-  for (const scenarios::Scenario& s : list) {
-    if (s.has_mesh()) {
-      throw scenarios::InvalidInput(fmt::format(
-          "scenario '{}' has a mesh (dp_replicate {}, tp {}, cp {}): meshes run with ranks as "
-          "threads only so far; drop --nproc/--launcher, or pick scenarios without one",
-          s.name, s.dp_replicate, s.tp, s.cp));
-    }
-  }
+
   if (list.empty()) {
     throw scenarios::InvalidInput(fmt::format(
         "no selected scenario has world_size {}: pick one with --scenario (e.g. dist/5-3/float32 "
