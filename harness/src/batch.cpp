@@ -107,13 +107,15 @@ MicroBatch make_mesh_micro_batch(const scenarios::Scenario& s, int rank, int ste
   const scenarios::MeshCoordinates where = s.mesh_coordinates(rank);
   MicroBatch out = make_micro_batch(s, where.data_parallel_rank, step, micro);
   if (s.cp > 1) {
-    // Context parallelism: this rank computes the loss of its contiguous shard of every
-    // sequence; the forward still sees the whole prefix, as ring attention does.
-    const auto shards = at::arange(s.sequence_length, at::TensorOptions().dtype(at::kLong))
-                            .tensor_split(s.cp);
-    const at::Tensor mine = shards[static_cast<std::size_t>(where.cp)];
+    // Context parallelism: this rank computes the loss of its shard of every sequence; the
+    // forward still sees the whole prefix, as ring attention does. The shard is torch's
+    // load-balanced one for causal attention: the sequence cut in 2 cp chunks, rank i taking
+    // chunks i and 2 cp - 1 - i.
+    const auto chunks = at::arange(s.sequence_length, at::TensorOptions().dtype(at::kLong))
+                            .tensor_split(2 * s.cp);
     at::Tensor keep = at::zeros({s.sequence_length}, at::TensorOptions().dtype(at::kBool));
-    keep.index_fill_(0, mine, true);
+    keep.index_fill_(0, chunks[static_cast<std::size_t>(where.cp)], true);
+    keep.index_fill_(0, chunks[static_cast<std::size_t>(2 * s.cp - 1 - where.cp)], true);
     out.labels = at::where(keep.unsqueeze(0), out.labels, at::full_like(out.labels, kIgnoreIndex));
     out.valid_count = out.labels.ne(kIgnoreIndex).sum().item<long>();
   }

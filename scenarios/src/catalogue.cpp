@@ -153,7 +153,7 @@ void add_meshes(std::vector<Scenario>& out) {
   document(tp2, {"optimizer-in-backward"}, "fail", kDpDegree);
   add_each_dtype(out, tp2);
 
-  // Every shard of every sequence holds labels here (random holes over 15 positions).
+  // Every context-parallel shard holds labels here (random holes over 15 positions).
   Scenario cp2 = mesh("dist/cp2", {{12}, {10}}, 1, 2, 1);
   cp2.micro_batch_size = 1;
   cp2.sequence_length = 16;
@@ -162,8 +162,8 @@ void add_meshes(std::vector<Scenario>& out) {
   document(cp2, {"optimizer-in-backward"}, "fail", kDpDegree);
   add_each_dtype(out, cp2);
 
-  // Trailing padding: the second half of every sequence is padding, so one context-parallel
-  // rank holds no label at all.
+  // Short responses with trailing padding: on the second data-parallel rank every label
+  // sits in the first chunk of its sequence, so the other context-parallel rank holds none.
   Scenario padded = mesh("dist/cp2-padded", {{5}, {3}}, 1, 2, 1);
   document(padded, {"*baseline", "global-prenorm", "qat-lora-distributed", "early-exit-distributed"},
            "fail",
