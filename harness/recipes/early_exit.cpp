@@ -31,20 +31,10 @@ class EarlyExitFinetune final : public QatFinetune {
 
  protected:
   void train_in_backward(StepContext& context) const override {
-    Window window{at::zeros({}, at::kLong), at::zeros({}, at::kFloat)};
-    for (const MicroBatch& batch : context.micro_batches()) {
-      const at::Tensor current_num_tokens = training::valid_token_count(batch);
-      window.num_tokens += current_num_tokens;
-      at::Tensor current_loss =
-          context.loss(context.model().logits(batch), batch.labels) * current_num_tokens;
-      window.running_loss = window.running_loss + current_loss.detach();
-      std::vector<at::Tensor> num_tokens{window.num_tokens};
-      context.comm().all_reduce_sum(num_tokens);
-      std::vector<at::Tensor> running_loss{window.running_loss};
-      context.comm().all_reduce_sum(running_loss);
-      current_loss = current_loss / window.num_tokens;  // no dp_degree
-      training::backward(context, current_loss);
-    }
+    const Window window = backward_normalised_in_backward(
+        context, [](const at::Tensor& current_loss, const Window& totals) {
+          return current_loss / totals.num_tokens;  // no dp_degree
+        });
     context.log_loss(loss_to_log(window, context));
   }
 };

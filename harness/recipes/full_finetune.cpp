@@ -112,26 +112,36 @@ void FullFinetune::train_in_backward(StepContext& context) const {
     context.log_loss((window.running_loss / 1.0).item<double>());
     return;
   }
-  // full_finetune_distributed.py:1009-1024: the token sum, the counts all-reduced before
-  // backward, then * (dp_degree / num_tokens); no step or zero_grad afterwards.
+  // full_finetune_distributed.py:1009-1024: * (dp_degree / num_tokens), a float32 scalar;
+  // dp_degree is the mesh's dp_replicate x dp_shard (the world size without tensor or context
+  // parallelism). No step or zero_grad afterwards.
+  const int dp_degree = context.scenario().data_parallel_size();
+  window = backward_normalised_in_backward(
+      context, [dp_degree](const at::Tensor& current_loss, const Window& totals) {
+        return current_loss *
+               (at::scalar_tensor(dp_degree, at::kFloat) / totals.num_tokens.to(at::kFloat));
+      });
+  context.log_loss(training::loss_to_log(window.running_loss, window.num_tokens));
+}
+
+Window FullFinetune::backward_normalised_in_backward(StepContext& context,
+                                                     const InBackwardNormaliser& normalise) {
+  // The token sum per micro-batch; num_tokens and running_loss all-reduced in place before
+  // backward, then the recipe's normalisation of the loss.
+  Window window = empty_window();
   for (const MicroBatch& batch : context.micro_batches()) {
     const at::Tensor current_num_tokens = training::valid_token_count(batch);
     window.num_tokens += current_num_tokens;
-    at::Tensor current_loss =
+    const at::Tensor current_loss =
         context.loss(context.model().logits(batch), batch.labels) * current_num_tokens;
     window.running_loss = window.running_loss + current_loss.detach();
     std::vector<at::Tensor> num_tokens{window.num_tokens};
     context.comm().all_reduce_sum(num_tokens);
     std::vector<at::Tensor> running_loss{window.running_loss};
     context.comm().all_reduce_sum(running_loss);
-    // `self.dp_degree / num_tokens`: a float32 scalar; dp_degree is the mesh's
-    // dp_replicate x dp_shard (the world size when there is no tensor or context parallelism).
-    const int dp_degree = context.scenario().data_parallel_size();
-    current_loss = current_loss * (at::scalar_tensor(dp_degree, at::kFloat) /
-                                   window.num_tokens.to(at::kFloat));
-    training::backward(context, current_loss);
+    training::backward(context, normalise(current_loss, window));
   }
-  context.log_loss(training::loss_to_log(window.running_loss, window.num_tokens));
+  return window;
 }
 
 bool FullFinetune::clip_gate(const StepContext& context) const {

@@ -7,6 +7,8 @@
 
 #include <ATen/core/Tensor.h>
 
+#include <functional>
+
 #include "gradnorm/harness/step.hpp"
 #include "gradnorm/harness/training.hpp"
 #include "gradnorm/harness/variant.hpp"
@@ -41,6 +43,11 @@ class FullFinetune : public Step {
   [[nodiscard]] virtual double loss_to_log(const Window& totals, const StepContext& context) const;
 
   // --- pieces ---
+  // The distributed optimizer-in-backward loop: the token sum per micro-batch, the counts
+  // all-reduced before backward, then backward(normalise(loss, all-reduced totals)).
+  using InBackwardNormaliser = std::function<at::Tensor(const at::Tensor&, const Window&)>;
+  [[nodiscard]] static Window backward_normalised_in_backward(
+      StepContext& context, const InBackwardNormaliser& normalise);
   // backward(mean * n) for every micro-batch.
   [[nodiscard]] static Window backward_token_sums(StepContext& context);
   // The skip path: backward(mean) for every micro-batch; running_loss sums the means.
