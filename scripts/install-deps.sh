@@ -7,7 +7,8 @@ packages=(
   libtorch-dev libgloo-dev          # LibTorch 1.13 (CPU) and the headers its c10d needs
   libfmt-dev nlohmann-json3-dev libcli11-dev libtomlplusplus-dev
   libgtest-dev libgmock-dev librapidcheck-dev
-  python3-torch                     # tests script a model in Python, as users do (/usr/bin/python3)
+  python3-torch                     # PyTorch for /usr/bin/python3: Python steps run on it
+  python3-dev pybind11-dev          # the embedded interpreter that runs Python steps
 )
 
 missing=()

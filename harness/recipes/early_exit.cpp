@@ -23,8 +23,7 @@ class EarlyExitFinetune final : public QatFinetune {
     training::rank_average(context);  // FSDP, in backward
     const Window totals = all_reduce_totals(context, window);
     // `training.scale_grads(self._model, 1 / num_tokens)`: no world_size.
-    training::scale_grads(context,
-                          at::scalar_tensor(1, at::kFloat) / totals.num_tokens.to(at::kFloat));
+    training::scale_grads(context, training::number_over(1, totals.num_tokens));
     clip_and_step(context);
     context.log_loss(loss_to_log(totals, context));
   }

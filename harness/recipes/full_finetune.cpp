@@ -38,8 +38,7 @@ class GlobalPrenorm final : public FullFinetune {
     }
     context.comm().all_reduce_sum(count);
     // world_size / num_tokens on an int64 tensor: a float32 scalar.
-    const at::Tensor scale =
-        at::scalar_tensor(context.world_size(), at::kFloat) / count[0].to(at::kFloat);
+    const at::Tensor scale = training::number_over(context.world_size(), count[0]);
     Window window = empty_window();
     for (const MicroBatch& batch : context.micro_batches()) {
       const at::Tensor current_num_tokens = training::valid_token_count(batch);
@@ -118,8 +117,7 @@ void FullFinetune::train_in_backward(StepContext& context) const {
   const int dp_degree = context.scenario().data_parallel_size();
   window = backward_normalised_in_backward(
       context, [dp_degree](const at::Tensor& current_loss, const Window& totals) {
-        return current_loss *
-               (at::scalar_tensor(dp_degree, at::kFloat) / totals.num_tokens.to(at::kFloat));
+        return current_loss * training::number_over(dp_degree, totals.num_tokens);
       });
   context.log_loss(training::loss_to_log(window.running_loss, window.num_tokens));
 }
@@ -207,8 +205,7 @@ Window FullFinetune::all_reduce_totals(StepContext& context, const Window& windo
 void FullFinetune::scale_by_world_over_tokens(StepContext& context, const Window& totals) {
   // `world_size / num_tokens` on an int64 tensor: a float32 scalar, whatever the gradient
   // dtype (`1 / num_tokens` on one device).
-  training::scale_grads(context, at::scalar_tensor(context.world_size(), at::kFloat) /
-                                     totals.num_tokens.to(at::kFloat));
+  training::scale_grads(context, training::number_over(context.world_size(), totals.num_tokens));
 }
 
 void FullFinetune::clip_and_step(StepContext& context) const {

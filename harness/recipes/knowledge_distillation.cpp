@@ -59,7 +59,7 @@ DistillationWindow backward_distillation_mix(StepContext& context) {
 
 // running.detach().item() / num_tokens: a Python float over an int64 tensor, float32.
 at::Tensor per_token_mean(const at::Tensor& running, const at::Tensor& num_tokens) {
-  return at::scalar_tensor(running.detach().item<double>(), at::kFloat) / num_tokens.to(at::kFloat);
+  return training::number_over(running.detach().item<double>(), num_tokens);
 }
 
 class DistillationSingleDevice final : public Step {
@@ -68,7 +68,7 @@ class DistillationSingleDevice final : public Step {
     const double kd_ratio = context.scenario().kd_ratio;
     const DistillationWindow window = backward_distillation_mix(context);
     // `1 / num_tokens` on an int64 tensor: a float32 scalar.
-    training::scale_grads(context, at::scalar_tensor(1, at::kFloat) / window.num_tokens.to(at::kFloat));
+    training::scale_grads(context, training::number_over(1, window.num_tokens));
     if (context.max_norm()) training::clip_grad_norm(context, *context.max_norm());
     context.optimizer().step();
     context.optimizer().zero_grad(/*set_to_none=*/true);
@@ -88,8 +88,7 @@ class DistillationDistributed final : public Step {
                                    window.running_kd_loss.detach()};
     context.comm().all_reduce_sum(totals);
     // `self.world_size / num_tokens` on an int64 tensor: a float32 scalar. No clipping.
-    training::scale_grads(context, at::scalar_tensor(context.world_size(), at::kFloat) /
-                                       totals[0].to(at::kFloat));
+    training::scale_grads(context, training::number_over(context.world_size(), totals[0]));
     context.optimizer().step();
     context.optimizer().zero_grad(/*set_to_none=*/true);
     // The all-reduced means are computed, then overwritten by the last micro-batch's own.

@@ -165,6 +165,9 @@ class RankRun final : public StepContext {
     } catch (const c10::Error& error) {
       out_.error = ErrorRecord{"c10::Error", first_line(error.what_without_backtrace())};
       step_comm_.announce_failure();
+    } catch (const StepError& error) {
+      out_.error = ErrorRecord{error.type(), first_line(error.what())};
+      step_comm_.announce_failure();
     }
     return false;
   }

@@ -1,8 +1,6 @@
 #include "gradnorm/harness/training.hpp"
 
 #include <ATen/ATen.h>
-#include <torch/types.h>
-#include <torch/nn/utils/clip_grad.h>
 
 #include "gradnorm/harness/step.hpp"
 
@@ -64,14 +62,37 @@ void rank_average(StepContext& context) {
 
 double clip_grad_norm(StepContext& context, double max_norm) {
   ++context.counters().clip_calls;
-  const double norm = torch::nn::utils::clip_grad_norm_(context.optimizer().parameters(), max_norm);
+  // The arithmetic of Python's torch.nn.utils.clip_grad_norm_ (torch 1.13), which recipes
+  // call: LibTorch's C++ clip_grad_norm_ forms max_norm / (norm + 1e-6) as a division in the
+  // gradients' dtype, Python as number_over (a reciprocal and a product), and in bfloat16
+  // the two differ.
+  at::NoGradGuard no_grad;
+  std::vector<at::Tensor> grads;
+  for (const at::Tensor& p : context.optimizer().parameters()) {
+    if (p.grad().defined()) grads.push_back(p.grad());
+  }
+  if (grads.empty()) {
+    context.report_grad_norm(0.0);
+    return 0.0;
+  }
+  std::vector<at::Tensor> norms;
+  norms.reserve(grads.size());
+  for (const at::Tensor& g : grads) norms.push_back(g.norm(2));
+  const at::Tensor total_norm = at::stack(norms).norm(2);
+  const at::Tensor clip_coef = number_over(max_norm, total_norm + 1e-6);
+  const at::Tensor clip_coef_clamped = at::clamp(clip_coef, c10::nullopt, 1.0);
+  for (at::Tensor& g : grads) g.mul_(clip_coef_clamped);
+  const double norm = total_norm.item<double>();
   context.report_grad_norm(norm);
   return norm;
 }
 
+at::Tensor number_over(double number, const at::Tensor& tensor) {
+  return tensor.reciprocal() * number;
+}
+
 double loss_to_log(const at::Tensor& running_loss, const at::Tensor& num_tokens) {
-  const double running = running_loss.item<double>();
-  return (at::scalar_tensor(running, at::kFloat) / num_tokens.to(at::kFloat)).item<double>();
+  return number_over(running_loss.item<double>(), num_tokens).item<double>();
 }
 
 void register_optim_in_bwd_hooks(StepContext& context) {

@@ -125,4 +125,16 @@ std::string_view to_string(Role role) {
   return "<unknown>";
 }
 
+std::optional<Finding> documented_finding(const VariantSpec& variant,
+                                          const scenarios::Scenario& scenario,
+                                          const ContractFacts& facts) {
+  for (const scenarios::ExpectedVerdict& e : scenario.expected_verdicts) {
+    if (fnmatch(e.variant_pattern.c_str(), variant.name.c_str(), 0) == 0) {
+      return Finding{e.verdict, e.reason};
+    }
+  }
+  if (variant.findings) return variant.findings(scenario, facts);
+  return std::nullopt;
+}
+
 }  // namespace gradnorm::harness

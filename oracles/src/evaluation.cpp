@@ -1,7 +1,6 @@
 #include "gradnorm/oracles/evaluation.hpp"
 
 #include <fmt/format.h>
-#include <fnmatch.h>
 
 #include <limits>
 #include <map>
@@ -18,19 +17,6 @@ harness::ContractFacts contract_facts(const scenarios::Scenario& s, const Oracle
   facts.global_token_count = oracle.global_token_count;
   if (s.clip_max_norm && !oracle.steps.empty()) facts.first_clip_coef = oracle.steps.front().clip_coef;
   return facts;
-}
-
-// The scenario's own documented finding for this variant, else the recipe's.
-std::optional<harness::Finding> documented_finding(const scenarios::Scenario& s,
-                                                   const harness::VariantSpec& v,
-                                                   const harness::ContractFacts& facts) {
-  for (const scenarios::ExpectedVerdict& e : s.expected_verdicts) {
-    if (fnmatch(e.variant_pattern.c_str(), v.name.c_str(), 0) == 0) {
-      return harness::Finding{e.verdict, e.reason};
-    }
-  }
-  if (v.findings) return v.findings(s, facts);
-  return std::nullopt;
 }
 
 struct OracleKey {
@@ -112,7 +98,7 @@ Evaluation evaluate(const std::vector<scenarios::Scenario>& scenario_list,
         row.met = !visibility.visible || !agreed;
       } else if (const std::optional<harness::Finding> finding =
                      options.use_documented_findings
-                         ? documented_finding(s, v, contract_facts(s, oracle->second))
+                         ? harness::documented_finding(v, s, contract_facts(s, oracle->second))
                          : std::nullopt) {
         row.expectation = Expectation::finding;
         row.applicability = finding->reason;

@@ -14,7 +14,8 @@ namespace {
 
 class Reader {
  public:
-  Reader(const toml::table& table, std::string where) : table_(table), where_(std::move(where)) {}
+  Reader(const toml::table& table, std::string where, std::string kind = "scenario field")
+      : table_(table), where_(std::move(where)), kind_(std::move(kind)) {}
 
   [[noreturn]] void fail(std::string_view key, const std::string& detail) const {
     throw InvalidInput(fmt::format("{}: {} {}", where_, key, detail));
@@ -74,7 +75,7 @@ class Reader {
     for (const auto& [key, value] : table_) {
       if (!used_.count(std::string(key.str()))) {
         std::vector<std::string> known(used_.begin(), used_.end());
-        fail(key.str(), fmt::format("is not a scenario field (known: {})", fmt::join(known, ", ")));
+        fail(key.str(), fmt::format("is not a {} (known: {})", kind_, fmt::join(known, ", ")));
       }
     }
   }
@@ -82,6 +83,7 @@ class Reader {
  private:
   const toml::table& table_;
   std::string where_;
+  std::string kind_;
   std::set<std::string> used_;
 };
 
@@ -169,7 +171,7 @@ Scenario read_scenario(const toml::table& table, const std::string& where,
       const toml::table* e = entry.as_table();
       if (e == nullptr) r.fail("expect", "must be an array of tables ([[scenario.expect]])");
       ExpectedVerdict finding;
-      Reader er(*e, where + " expect");
+      Reader er(*e, where + " expect", "expect field");
       er.read(std::string_view("variant"), finding.variant_pattern, "a string");
       er.read(std::string_view("verdict"), finding.verdict, "a string");
       er.read(std::string_view("reason"), finding.reason, "a string");
@@ -181,9 +183,42 @@ Scenario read_scenario(const toml::table& table, const std::string& where,
   return s;
 }
 
+// [[variant]] tables: where the Python step is, resolved against the file's folder.
+std::vector<VariantDeclaration> read_variants(const toml::table& root, const std::string& source) {
+  std::vector<VariantDeclaration> out;
+  const toml::node* node = root.get("variant");
+  if (node == nullptr) return out;
+  const toml::array* list = node->as_array();
+  if (list == nullptr) throw InvalidInput(fmt::format("{}: variant must be [[variant]] tables", source));
+  std::set<std::string> names;
+  for (std::size_t i = 0; i < list->size(); ++i) {
+    const toml::table* table = (*list)[i].as_table();
+    const std::string where = fmt::format("{}: variant #{}", source, i + 1);
+    if (table == nullptr) throw InvalidInput(fmt::format("{} is not a table", where));
+    VariantDeclaration v;
+    v.where = where;
+    Reader r(*table, where, "variant field");
+    r.read(std::string_view("name"), v.name, "a string");
+    r.read(std::string_view("python"), v.python, "a string (FILE.py or FILE.py:FUNCTION)");
+    r.read(std::string_view("role"), v.role, "a string");
+    r.read(std::string_view("reference"), v.reference, "a string");
+    r.read(std::string_view("findings_of"), v.findings_of, "a string");
+    r.reject_unknown();
+    if (v.name.empty()) r.fail("name", "is missing");
+    if (v.python.empty()) r.fail("python", "is missing: the step's file, FILE.py[:FUNCTION]");
+    std::filesystem::path file(v.python);
+    if (file.is_relative()) v.python = (std::filesystem::path(source).parent_path() / file).lexically_normal().string();
+    if (!names.insert(v.name).second) {
+      throw InvalidInput(fmt::format("{}: variant name '{}' appears twice", source, v.name));
+    }
+    out.push_back(std::move(v));
+  }
+  return out;
+}
+
 }  // namespace
 
-std::vector<Scenario> parse_scenarios(const std::string& text, const std::string& source) {
+ScenarioFile parse_scenario_file(const std::string& text, const std::string& source) {
   toml::table root;
   try {
     root = toml::parse(text, source);
@@ -193,19 +228,24 @@ std::vector<Scenario> parse_scenarios(const std::string& text, const std::string
                                    where.column, error.description()));
   }
   for (const auto& [key, value] : root) {
-    if (key.str() != "scenario") {
+    if (key.str() != "scenario" && key.str() != "variant") {
       throw InvalidInput(fmt::format("{}: unexpected top-level key '{}': scenarios go in "
-                                     "[[scenario]] tables",
+                                     "[[scenario]] tables, Python steps in [[variant]] tables",
                                      source, key.str()));
     }
   }
-  const toml::array* list = root["scenario"].as_array();
-  if (list == nullptr || list->empty()) {
-    throw InvalidInput(fmt::format("{}: no [[scenario]] table", source));
+  ScenarioFile out;
+  out.variants = read_variants(root, source);
+  const toml::node* scenario_node = root.get("scenario");
+  const toml::array* list = scenario_node ? scenario_node->as_array() : nullptr;
+  if (scenario_node != nullptr && list == nullptr) {
+    throw InvalidInput(fmt::format("{}: scenario must be [[scenario]] tables", source));
   }
-  std::vector<Scenario> out;
+  if ((list == nullptr || list->empty()) && out.variants.empty()) {
+    throw InvalidInput(fmt::format("{}: no [[scenario]] or [[variant]] table", source));
+  }
   std::set<std::string> names;
-  for (std::size_t i = 0; i < list->size(); ++i) {
+  for (std::size_t i = 0; list != nullptr && i < list->size(); ++i) {
     const toml::table* table = (*list)[i].as_table();
     if (table == nullptr) throw InvalidInput(fmt::format("{}: scenario #{} is not a table", source, i + 1));
     Scenario s = read_scenario(*table, fmt::format("{}: scenario #{}", source, i + 1), source);
@@ -228,17 +268,29 @@ std::vector<Scenario> parse_scenarios(const std::string& text, const std::string
     if (!names.insert(s.name).second) {
       throw InvalidInput(fmt::format("{}: scenario name '{}' appears twice", source, s.name));
     }
-    out.push_back(std::move(s));
+    out.scenarios.push_back(std::move(s));
   }
   return out;
 }
 
-std::vector<Scenario> load_scenario_file(const std::string& path) {
+std::vector<Scenario> parse_scenarios(const std::string& text, const std::string& source) {
+  ScenarioFile file = parse_scenario_file(text, source);
+  if (file.scenarios.empty()) throw InvalidInput(fmt::format("{}: no [[scenario]] table", source));
+  return std::move(file.scenarios);
+}
+
+ScenarioFile load_scenario_file_contents(const std::string& path) {
   std::ifstream file(path);
   if (!file) throw InvalidInput(fmt::format("cannot read scenario file '{}'", path));
   std::stringstream text;
   text << file.rdbuf();
-  return parse_scenarios(text.str(), path);
+  return parse_scenario_file(text.str(), path);
+}
+
+std::vector<Scenario> load_scenario_file(const std::string& path) {
+  ScenarioFile contents = load_scenario_file_contents(path);
+  if (contents.scenarios.empty()) throw InvalidInput(fmt::format("{}: no [[scenario]] table", path));
+  return std::move(contents.scenarios);
 }
 
 }  // namespace gradnorm::scenarios

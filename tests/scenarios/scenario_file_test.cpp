@@ -81,9 +81,39 @@ TEST(ScenarioFile, RejectsMissingNamesDuplicatesAndStrayTables) {
   EXPECT_TRUE(rejects("[[scenario]]\nseed = 1\n", "name is missing"));
   EXPECT_TRUE(rejects("[[scenario]]\nname = \"x\"\n[[scenario]]\nname = \"x\"\n", "appears twice"));
   EXPECT_TRUE(rejects("[scenarios]\nname = \"x\"\n", "unexpected top-level key 'scenarios'"));
-  EXPECT_TRUE(rejects("", "no [[scenario]] table"));
+  EXPECT_TRUE(rejects("", "no [[scenario]] or [[variant]] table"));
   EXPECT_TRUE(rejects("[[scenario]]\nname = \"x\"\n[[scenario.expect]]\nvariant = \"skip\"\nverdict = \"oops\"\nreason = \"r\"\n",
                       "names verdict 'oops'"));
+}
+
+TEST(ScenarioFile, VariantTablesNamePythonStepsBesideTheFile) {
+  const ScenarioFile file = parse_scenario_file(
+      "[[variant]]\nname = \"mine\"\npython = \"steps/mine.py:train\"\nrole = \"reference\"\n"
+      "[[variant]]\nname = \"abs\"\npython = \"/opt/s.py\"\nfindings_of = \"skip\"\n",
+      "/work/project/scenarios.toml");
+  EXPECT_TRUE(file.scenarios.empty());
+  ASSERT_EQ(file.variants.size(), 2u);
+  EXPECT_EQ(file.variants[0].name, "mine");
+  EXPECT_EQ(file.variants[0].python, "/work/project/steps/mine.py:train");
+  EXPECT_EQ(file.variants[0].role, "reference");
+  EXPECT_EQ(file.variants[0].reference, "baseline");  // the default
+  EXPECT_EQ(file.variants[1].python, "/opt/s.py");
+  EXPECT_EQ(file.variants[1].role, "candidate");
+  EXPECT_EQ(file.variants[1].findings_of, "skip");
+  // A file of steps alone has no scenarios to give the scenario-only reader.
+  EXPECT_THROW((void)parse_scenarios("[[variant]]\nname = \"m\"\npython = \"m.py\"\n", "f.toml"),
+               InvalidInput);
+}
+
+TEST(ScenarioFile, RejectsBadVariantTables) {
+  EXPECT_TRUE(rejects("[[variant]]\npython = \"m.py\"\n", "name is missing"));
+  EXPECT_TRUE(rejects("[[variant]]\nname = \"m\"\n", "python is missing"));
+  EXPECT_TRUE(rejects("[[variant]]\nname = \"m\"\npython = \"m.py\"\nlanguage = \"py\"\n",
+                      "language is not a variant field"));
+  EXPECT_TRUE(rejects("[[variant]]\nname = \"m\"\npython = \"m.py\"\n"
+                      "[[variant]]\nname = \"m\"\npython = \"n.py\"\n",
+                      "variant name 'm' appears twice"));
+  EXPECT_TRUE(rejects("variant = 3\n", "variant must be [[variant]] tables"));
 }
 
 TEST(ScenarioFile, ATorchScriptModelIsFoundBesideTheFile) {

@@ -588,5 +588,61 @@ TEST(ProcessInputErrors, UnknownLauncher) {
   expect_usage_error({"run", "--launcher", "bogus", "-s", "dist/5-3/float32"}, "bogus");
 }
 
+
+// Python steps as rank processes: each rank embeds its own interpreter and meets the others
+// through the same Gloo process group as a C++ step (docs/design.md §10).
+const std::string kPythonExamples = GRADNORM_SOURCE_DIR "/examples/python/";
+const std::string kPythonSteps = GRADNORM_SOURCE_DIR "/tests/python/steps/";
+
+TEST(PythonStepProcesses, TheBaselineTranscriptionAgreesAsTwoRankProcesses) {
+  const CrossCheck both = run_both_ways(
+      {"--python-step", kPythonExamples + "full_finetune.py", "--name", "py/baseline",
+       "--findings-of", "baseline", "-s", "dist/5-3/*", "-s", "dist/0-8/*", "-s",
+       "dist/5-3-clip-active/*"},
+      2);
+  ASSERT_FALSE(HasFailure());
+  EXPECT_TRUE(same_records(both.threads, both.processes));
+  for (const json& record : both.processes.at("records")) {
+    EXPECT_EQ(record.value("variant", ""), "py/baseline");
+    // Bit-identical to the C++ baseline it transcribes, over Gloo as over threads.
+    EXPECT_TRUE(record.value("bitwise_equal_baseline", false)) << row_name(record);
+  }
+}
+
+TEST(PythonStepProcesses, AStepThatRaisesIsRecordedWithItsFileAndLine) {
+  const std::vector<std::string> args = {"run", "--python-step", kPythonSteps + "raises.py",
+                                         "-s", "dist/5-3/float32", "--nproc", "2"};
+  EnvironmentChanges env = marked_environment();
+  env.set["PYTHONPATH"] = kPythonExamples;
+  const ProcessResult r = run_cli(args, env);
+  EXPECT_EQ(r.exit_code, 1) << describe(args, env, r);  // an unexpected verdict, not a fault
+  EXPECT_TRUE(contains(r.out, "raised ValueError (the step rejects rank 1 (at " + kPythonSteps +
+                                  "raises.py:7))"))
+      << describe(args, env, r);
+  EXPECT_TRUE(contains(r.out, "rank 0: raised peer-failure")) << describe(args, env, r);
+  EXPECT_TRUE(no_process_carries(env.set.at(kMarkerKey)));
+}
+
+TEST(PythonStepProcesses, AHangingStepIsEndedWithItsRankNamed) {
+  const std::vector<std::string> args = {"run", "--python-step", kPythonSteps + "hangs.py",
+                                         "-s", "dist/5-3/float32", "--nproc", "2",
+                                         "--timeout", kHangTimeoutSeconds};
+  const std::set<std::string> folders_before = rendezvous_folders();
+  EnvironmentChanges env = marked_environment();
+  env.set["PYTHONPATH"] = kPythonExamples;
+  const ProcessResult r = run_cli(args, env);
+  EXPECT_EQ(r.exit_code, kExitRankFailed) << describe(args, env, r);
+  EXPECT_TRUE(contains(r.err, "rank 0")) << describe(args, env, r);
+  EXPECT_TRUE(contains(r.err, "hang")) << describe(args, env, r);
+  EXPECT_TRUE(no_process_carries(env.set.at(kMarkerKey)));
+  EXPECT_TRUE(no_rendezvous_folder_left(folders_before));
+}
+
+TEST(PythonStepProcesses, ASyntaxErrorIsAnInputErrorBeforeAnyRankStarts) {
+  expect_usage_error({"run", "--python-step", kPythonSteps + "syntax_error.py", "-s",
+                      "dist/5-3/float32", "--nproc", "2"},
+                     kPythonSteps + "syntax_error.py:2");
+}
+
 }  // namespace
 }  // namespace gradnorm

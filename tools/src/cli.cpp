@@ -19,6 +19,7 @@
 #include "gradnorm/oracles/evaluation.hpp"
 #include "gradnorm/oracles/oracle.hpp"
 #include "gradnorm/oracles/token_weights.hpp"
+#include "gradnorm/python/python_step.hpp"
 #include "gradnorm/reports/report.hpp"
 #include "gradnorm/harness/transport.hpp"
 #include "bench.hpp"
@@ -58,7 +59,7 @@ std::vector<scenarios::Scenario> scenario_pool(const std::vector<std::string>& f
   std::vector<scenarios::Scenario> pool;
   if (!files_only) pool = scenarios::catalogue();
   for (const std::string& file : files) {
-    for (scenarios::Scenario& s : scenarios::load_scenario_file(file)) {
+    for (scenarios::Scenario& s : scenarios::load_scenario_file_contents(file).scenarios) {
       for (const scenarios::Scenario& known : pool) {
         if (known.name == s.name) {
           throw scenarios::InvalidInput(fmt::format(
@@ -71,9 +72,17 @@ std::vector<scenarios::Scenario> scenario_pool(const std::vector<std::string>& f
   return pool;
 }
 
+// True when some file holds [[scenario]] tables (a file may hold only [[variant]] tables).
+bool files_have_scenarios(const std::vector<std::string>& files) {
+  for (const std::string& file : files) {
+    if (!scenarios::load_scenario_file_contents(file).scenarios.empty()) return true;
+  }
+  return false;
+}
+
 std::vector<scenarios::Scenario> pick_scenarios(const std::vector<std::string>& patterns,
                                                 const std::vector<std::string>& files) {
-  const auto pool = scenario_pool(files, patterns.empty() && !files.empty());
+  const auto pool = scenario_pool(files, patterns.empty() && files_have_scenarios(files));
   return pick(pool, patterns, [&pool](std::string_view pattern) {
     return scenarios::select_scenarios(pool, pattern);
   });
@@ -86,6 +95,78 @@ const scenarios::Scenario& find_named(const std::vector<scenarios::Scenario>& po
 
 std::vector<harness::VariantSpec> pick_variants(const std::vector<std::string>& patterns) {
   return pick(harness::variants(), patterns, harness::select_variants);
+}
+
+// A step written in Python, from the command line.
+struct PythonStepOptions {
+  std::string source;  // FILE.py[:FUNCTION]; empty: none
+  std::string name;
+  std::string reference = "baseline";
+  std::string role = "candidate";
+  std::string findings_of;
+};
+
+void add_python_step_options(CLI::App& command, PythonStepOptions& options) {
+  command.add_option("--python-step", options.source,
+                     "judge a step written in Python: FILE.py[:FUNCTION] (default function "
+                     "step); see the README's \"Write your step in Python\"");
+  command.add_option("--name", options.name,
+                     "the Python step's variant name (default: py/ and the file's stem)");
+  command.add_option("--reference", options.reference,
+                     "the variant whose error behaviour the Python step must match (default "
+                     "baseline)");
+  command.add_option("--role", options.role, "candidate (default) or reference")
+      ->check(CLI::IsMember({"candidate", "reference"}));
+  command.add_option("--findings-of", options.findings_of,
+                     "the Python step transcribes this variant: expect its documented findings");
+}
+
+// Registers the steps a run declares (--python-step, and [[variant]] tables in the scenario
+// files) and returns their names, in declaration order. Rank processes re-run the same
+// command line, so each registers the same steps in its own interpreter.
+std::vector<std::string> declare_steps(const PythonStepOptions& cli_step,
+                                       const std::vector<std::string>& files) {
+  std::vector<std::string> names;
+  auto declare = [&names](python::PythonVariant v) {
+    const harness::VariantSpec spec = python::make_python_variant(v);
+    names.push_back(spec.name);
+    harness::register_variant(spec);
+  };
+  for (const std::string& file : files) {
+    for (const scenarios::VariantDeclaration& d : scenarios::load_scenario_file_contents(file).variants) {
+      try {
+        declare(python::PythonVariant{d.name, python::parse_step_source(d.python),
+                                      python::parse_python_role(d.role), d.reference,
+                                      d.findings_of});
+      } catch (const scenarios::InvalidInput& error) {
+        throw scenarios::InvalidInput(fmt::format("{}: {}", d.where, error.what()));
+      }
+    }
+  }
+  if (!cli_step.source.empty()) {
+    declare(python::PythonVariant{cli_step.name, python::parse_step_source(cli_step.source),
+                                  python::parse_python_role(cli_step.role), cli_step.reference,
+                                  cli_step.findings_of});
+  } else if (!cli_step.name.empty() || !cli_step.findings_of.empty()) {
+    throw scenarios::InvalidInput("--name and --findings-of describe a --python-step; none given");
+  }
+  return names;
+}
+
+// The steps a run declares (--python-step, [[variant]] tables) always run, with what
+// --variant selects; without --variant and without declared steps, every variant runs.
+std::vector<harness::VariantSpec> pick_run_variants(const std::vector<std::string>& patterns,
+                                                    const std::vector<std::string>& declared) {
+  if (declared.empty()) return pick_variants(patterns);
+  std::vector<std::string> wanted = declared;
+  if (!patterns.empty()) {
+    for (const harness::VariantSpec& v : pick_variants(patterns)) wanted.push_back(v.name);
+  }
+  std::vector<harness::VariantSpec> out;
+  for (const harness::VariantSpec& v : harness::variants()) {
+    if (std::find(wanted.begin(), wanted.end(), v.name) != wanted.end()) out.push_back(v);
+  }
+  return out;
 }
 
 struct RunOptions {
@@ -102,6 +183,7 @@ struct RunOptions {
   std::string fault;
   std::string backend = "gloo";
   std::vector<std::string> scenario_files;
+  PythonStepOptions python_step;
 };
 
 std::chrono::milliseconds timeout_of(const RunOptions& options) {
@@ -181,9 +263,12 @@ int report(const oracles::Evaluation& evaluation, const RunOptions& options,
 
 int run_command(const RunOptions& options, int argc, char** argv) {
   auto scenario_list = pick_scenarios(options.scenario_patterns, options.scenario_files);
-  const auto variant_list = pick_variants(options.variant_patterns);
+  const std::vector<std::string> declared =
+      declare_steps(options.python_step, options.scenario_files);
+  const auto variant_list = pick_run_variants(options.variant_patterns, declared);
   harness::RunOptions run_options;
   run_options.timeout = timeout_of(options);
+  python::set_step_timeout(run_options.timeout);
   if (!options.fault.empty()) run_options.fault = harness::parse_fault(options.fault);
 
   if (options.launcher == "processes") {
@@ -356,6 +441,7 @@ int run_command_line(int argc, char** argv) {
       ->check(CLI::Range(0.01, 86400.0));
   run->add_option("--inject-fault", run_options.fault,
                   "make a rank fail on purpose: RANK:KIND[@STEP], KIND one of throw, exit, hang");
+  add_python_step_options(*run, run_options.python_step);
   run->add_flag("--ignore-findings", run_options.ignore_findings,
                 "treat documented findings as failures: every reference and candidate must "
                 "agree with the oracle");
@@ -393,6 +479,8 @@ int run_command_line(int argc, char** argv) {
                    "fuzz this step (name or pattern, repeatable): it must agree with the oracle "
                    "wherever its reference does; default: the harness's own properties");
   fuzz->add_option("--seed", fuzz_options.seed, "generator seed; the same seed replays the same cases");
+  PythonStepOptions fuzz_python_step;
+  add_python_step_options(*fuzz, fuzz_python_step);
 
   tools::BenchOptions bench_options;
   CLI::App* bench = app.add_subcommand(
@@ -431,7 +519,11 @@ int run_command_line(int argc, char** argv) {
     if (*show) return show_command(show_name, show_files);
     if (*explain) return explain_command(explain_name, explain_variants, explain_files);
     if (*bench) return tools::bench_command(bench_options);
-    if (*fuzz) return tools::fuzz_command(fuzz_options);
+    if (*fuzz) {
+      const std::vector<std::string> declared = declare_steps(fuzz_python_step, {});
+      if (fuzz_options.variants.empty()) fuzz_options.variants = declared;
+      return tools::fuzz_command(fuzz_options);
+    }
     if (*bench_one) return tools::bench_one_command(one_launcher, one_ranks, one_repeat, one_out);
   } catch (const scenarios::InvalidInput& error) {
     fmt::print(stderr, "gradnorm: {}\n", error.what());

@@ -9,6 +9,7 @@
 
 #include <optional>
 #include <stdexcept>
+#include <string>
 #include <vector>
 
 #include "gradnorm/harness/batch.hpp"
@@ -26,6 +27,18 @@ namespace gradnorm::harness {
 class RecipeRefusal : public std::runtime_error {
  public:
   using std::runtime_error::runtime_error;
+};
+
+// Thrown by a step for an error of its own kind (a Python step's exception): recorded as
+// this rank's error with `type` as given ("ValueError") and the message.
+class StepError : public std::runtime_error {
+ public:
+  StepError(std::string type, const std::string& message)
+      : std::runtime_error(message), type_(std::move(type)) {}
+  [[nodiscard]] const std::string& type() const { return type_; }
+
+ private:
+  std::string type_;
 };
 
 class StepContext {
@@ -74,8 +87,8 @@ class Step {
   // Once per rank before the first optimizer step: refuse a configuration (RecipeRefusal),
   // install gradient hooks. micro_batches() is empty here.
   virtual void prepare(StepContext& /*context*/) {}
-  // One optimizer step over context.micro_batches(). A c10::Error or RecipeRefusal it
-  // raises is recorded as this rank's error; the other ranks then stop at their next
+  // One optimizer step over context.micro_batches(). A c10::Error, RecipeRefusal or
+  // StepError it raises is recorded as this rank's error; the other ranks then stop at their next
   // collective and record "peer-failure".
   virtual void train_step(StepContext& context) = 0;
 };

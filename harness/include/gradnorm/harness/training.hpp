@@ -36,8 +36,13 @@ void rank_average(StepContext& context);
 // it returns is reported to the harness and returned.
 double clip_grad_norm(StepContext& context, double max_norm);
 
-// `running_loss.item() / num_tokens` in a recipe: a Python float divided by an int64 tensor
-// is a float32 division, whatever the training dtype.
+// A recipe's `number / tensor` (`world_size / num_tokens`, `1 / num_tokens`): Python's
+// Tensor.__rtruediv__ computes it as tensor.reciprocal() * number, a float32 tensor for an
+// int64 count, which is not always the division's float32 (3 / 7 differs by one ulp).
+[[nodiscard]] at::Tensor number_over(double number, const at::Tensor& tensor);
+
+// `running_loss.item() / num_tokens` in a recipe: number_over(running_loss, num_tokens),
+// float32 whatever the training dtype.
 [[nodiscard]] double loss_to_log(const at::Tensor& running_loss, const at::Tensor& num_tokens);
 
 // torchtune training.register_optim_in_bwd_hooks: one optimizer per parameter, stepped and

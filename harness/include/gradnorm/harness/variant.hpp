@@ -106,6 +106,12 @@ void register_variant(VariantSpec spec);
 [[nodiscard]] std::optional<std::string> not_applicable(const VariantSpec& variant,
                                                         const scenarios::Scenario& scenario);
 
+// What `variant` is documented to get wrong on this scenario: the scenario's own finding for
+// it (Scenario::expected_verdicts, by name pattern), else the recipe's (VariantSpec::findings).
+[[nodiscard]] std::optional<Finding> documented_finding(const VariantSpec& variant,
+                                                        const scenarios::Scenario& scenario,
+                                                        const ContractFacts& facts);
+
 // "torchtune@bd2a0fc7 recipes/x.py:10-20 (what)".
 [[nodiscard]] std::string to_string(const Citation& citation);
 [[nodiscard]] std::string_view to_string(Role role);

@@ -12,6 +12,13 @@
 //   verdict = "fail"
 //   reason = "ranks are ragged"
 //
+//   [[variant]]                    # optional: a step written in Python (docs/design.md §10)
+//   name = "my-skip"
+//   python = "steps/my_skip.py"    # FILE[:FUNCTION], relative to this file; function "step"
+//   role = "candidate"             # or "reference"
+//   reference = "baseline"         # whose error behaviour it must match
+//   findings_of = "skip"           # optional: a transcription expects that variant's findings
+//
 // Every Scenario field may be given under its own name; the rest keep their defaults. An
 // unknown key, a wrong type or an impossible value throws InvalidInput naming the file, the
 // scenario and the field.
@@ -23,6 +30,27 @@
 
 namespace gradnorm::scenarios {
 
+// A [[variant]] table: a step the file brings, not yet loaded.
+struct VariantDeclaration {
+  std::string where;        // "FILE: variant #I", for messages
+  std::string name;
+  std::string python;       // FILE[:FUNCTION], FILE resolved against the scenario file's folder
+  std::string role = "candidate";
+  std::string reference = "baseline";
+  std::string findings_of;  // empty: none
+};
+
+struct ScenarioFile {
+  std::vector<Scenario> scenarios;
+  std::vector<VariantDeclaration> variants;
+};
+
+// A file needs at least one [[scenario]] or [[variant]] table.
+[[nodiscard]] ScenarioFile load_scenario_file_contents(const std::string& path);
+[[nodiscard]] ScenarioFile parse_scenario_file(const std::string& toml_text,
+                                               const std::string& source_name);
+
+// The scenarios alone; a file without a [[scenario]] table is an error here.
 [[nodiscard]] std::vector<Scenario> load_scenario_file(const std::string& path);
 [[nodiscard]] std::vector<Scenario> parse_scenarios(const std::string& toml_text,
                                                     const std::string& source_name);

@@ -1,0 +1,56 @@
+#pragma once
+// Steps written in Python (docs/design.md §10): a file defines `def step(ctx)`; gradnorm
+// runs it in an interpreter embedded in this process (one per process, started on first
+// use, with Debian's PyTorch), on the harness's own tensors, and judges it like any step.
+//
+//   gradnorm::python::register_python_step({.name = "my-skip",
+//                                           .source = {"recipes/my_skip.py", "step"},
+//                                           .reference = "baseline"});
+
+#include <chrono>
+#include <string>
+
+#include "gradnorm/harness/variant.hpp"
+
+namespace gradnorm::python {
+
+// Where a step is: a Python file and the function in it.
+struct StepSource {
+  std::string file;
+  std::string function = "step";
+};
+
+// "FILE.py" or "FILE.py:FUNCTION". Throws scenarios::InvalidInput for an empty file name or
+// function name.
+[[nodiscard]] StepSource parse_step_source(const std::string& text);
+
+struct PythonVariant {
+  std::string name;  // empty: "py/" and the file's stem
+  StepSource source;
+  harness::Role role = harness::Role::candidate;
+  // The variant whose error behaviour this one must match.
+  std::string reference = "baseline";
+  // A transcription of a registered variant expects that variant's documented findings
+  // (the scenario's own and the recipe's); empty: none.
+  std::string findings_of;
+};
+
+// Loads the file into this process's interpreter and describes the step. The file may also
+// define `cannot_run(scenario) -> str | None` (scenario: a dict of the scenario's fields),
+// the reason a scenario is outside what the step handles. Throws scenarios::InvalidInput
+// naming FILE:LINE for a file that does not import (a syntax error, a failed import), and
+// for a missing function, an unknown reference or findings_of, or a negative control (a
+// Python step cannot say where its own bug is visible).
+[[nodiscard]] harness::VariantSpec make_python_variant(const PythonVariant& variant);
+
+// make_python_variant, then harness::register_variant.
+void register_python_step(const PythonVariant& variant);
+
+// How long one call of a Python step may run before it counts as hung and is ended
+// (default 60 s; the CLI passes --timeout).
+void set_step_timeout(std::chrono::milliseconds timeout);
+
+// "candidate" or "reference"; throws InvalidInput for anything else.
+[[nodiscard]] harness::Role parse_python_role(const std::string& text);
+
+}  // namespace gradnorm::python

@@ -1,0 +1,509 @@
+// Python steps: an embedded CPython runs the user's `def step(ctx)` on the harness's own
+// tensors (docs/design.md §10). Tensors cross without copies (torch's own caster, which
+// wraps the very TensorImpl), so the gradients the harness records are the ones the
+// step's backward produced.
+//
+// Locking: the interpreter is started once per process and its GIL released at once; every
+// entry from C++ takes the GIL, and every harness call from Python (forward, loss,
+// optimizer, collectives) gives it back while it runs, so rank threads interleave and a
+// rank waiting in a collective never holds up its peers.
+#include "gradnorm/python/python_step.hpp"
+
+// torch's pybind11 casters for at::Tensor (THPVariable_Wrap / THPVariable_Unpack).
+#include <torch/csrc/utils/pybind.h>
+
+#include <pybind11/embed.h>
+#include <pybind11/stl.h>
+
+#include <ATen/ATen.h>
+#include <fmt/format.h>
+
+#include <atomic>
+#include <chrono>
+#include <condition_variable>
+#include <exception>
+#include <filesystem>
+#include <map>
+#include <mutex>
+#include <thread>
+
+#include "gradnorm/harness/communicator.hpp"
+#include "gradnorm/harness/runner.hpp"
+#include "gradnorm/harness/step.hpp"
+#include "gradnorm/harness/training.hpp"
+
+namespace py = pybind11;
+
+namespace gradnorm::python {
+namespace detail {
+extern const char* const kEmbeddedModuleSource;  // python/gradnorm_torch.py, compiled in
+}  // namespace detail
+
+namespace {
+
+using scenarios::InvalidInput;
+
+// Raised into Python when a harness call failed for a reason the harness owns (another
+// rank's step raised, a collective timed out); the step's own code cannot catch it
+// (gradnorm_torch.HarnessInterrupt is a BaseException) and the harness rethrows the cause.
+struct Interrupted {};
+
+// The interpreter: started once, never finalised (Python objects may outlive any order of
+// static destruction), its GIL released between calls. Holds the gradnorm_torch module.
+class Interpreter {
+ public:
+  static Interpreter& get() {
+    static Interpreter* instance = nullptr;
+    static std::string failure;
+    static std::once_flag once;
+    std::call_once(once, [] {
+      try {
+        instance = new Interpreter();
+      } catch (const std::exception& error) {
+        failure = error.what();
+      }
+    });
+    if (instance == nullptr) throw InvalidInput("cannot start the embedded Python: " + failure);
+    return *instance;
+  }
+
+  // gradnorm_torch; call with the GIL held.
+  [[nodiscard]] py::module_ runtime() const { return py::reinterpret_borrow<py::module_>(runtime_); }
+
+ private:
+  Interpreter() {
+    // No signal handlers: the harness and its supervisor own SIGINT and SIGTERM.
+    py::initialize_interpreter(/*init_signal_handlers=*/false);
+    try {
+      py::module_::import("torch");  // before any tensor is wrapped
+      py::module_::import("_gradnorm_native");  // registers RankHandle
+      py::module_ sys = py::module_::import("sys");
+      py::object module = py::module_::import("types").attr("ModuleType")("gradnorm_torch");
+      module.attr("__file__") = "gradnorm_torch.py";
+      sys.attr("modules")["gradnorm_torch"] = module;
+      py::exec(detail::kEmbeddedModuleSource, module.attr("__dict__"));
+      runtime_ = module.release().ptr();
+      py::register_exception_translator([](std::exception_ptr raised) {
+        try {
+          if (raised) std::rethrow_exception(raised);
+        } catch (const Interrupted&) {
+          py::object interrupt = Interpreter::get().runtime().attr("HarnessInterrupt");
+          PyErr_SetString(interrupt.ptr(), "the harness stopped this step");
+        }
+      });
+    } catch (const py::error_already_set& error) {
+      throw InvalidInput(fmt::format("importing torch and gradnorm_torch failed: {} (is "
+                                     "python3-torch installed for {}?)",
+                                     error.what(), "/usr/bin/python3"));
+    }
+    PyEval_SaveThread();
+  }
+
+  PyObject* runtime_ = nullptr;
+};
+
+std::string scenario_dtype(const scenarios::Scenario& s) { return std::string(to_string(s.dtype)); }
+
+// The scenario as the step sees it: a dict of its fields.
+py::dict scenario_facts(const scenarios::Scenario& s) {
+  py::dict d;
+  d["name"] = s.name;
+  d["world_size"] = s.world_size;
+  d["dp_replicate"] = s.dp_replicate;
+  d["tp"] = s.tp;
+  d["cp"] = s.cp;
+  d["data_parallel_size"] = s.data_parallel_size();
+  d["accumulation_steps"] = s.accumulation_steps;
+  d["valid_tokens"] = s.valid_tokens;
+  d["micro_batch_size"] = s.micro_batch_size;
+  d["sequence_length"] = s.sequence_length;
+  d["vocab_size"] = s.vocab_size;
+  d["hidden_size"] = s.hidden_size;
+  d["dtype"] = scenario_dtype(s);
+  d["model"] = std::string(to_string(s.model));
+  d["loss"] = std::string(to_string(s.loss));
+  d["loss_chunks"] = s.loss_chunks;
+  d["optimizer"] = std::string(to_string(s.optimizer));
+  d["learning_rate"] = s.learning_rate;
+  d["momentum"] = s.momentum;
+  d["weight_decay"] = s.weight_decay;
+  d["clip_max_norm"] = s.clip_max_norm ? py::object(py::float_(*s.clip_max_norm)) : py::object(py::none());
+  d["optimizer_in_backward"] = s.optimizer_in_backward;
+  d["rank_average"] = std::string(to_string(s.rank_average));
+  d["steps"] = s.steps;
+  d["seed"] = s.seed;
+  return d;
+}
+
+// What Python holds of one rank of one run: the StepContext, reached through calls that
+// give the GIL back while they run. A harness error raised inside such a call is kept and
+// rethrown once the step returns, whatever the step did with the interrupt.
+class RankHandle {
+ public:
+  explicit RankHandle(harness::StepContext& context) : context_(context) {}
+
+  template <typename Body>
+  auto guarded(Body&& body) -> decltype(body()) {
+    try {
+      return body();
+    } catch (const c10::Error& error) {
+      // What torch raises for the same call made in Python: a RuntimeError.
+      throw std::runtime_error(harness::first_line(error.what_without_backtrace()));
+    } catch (...) {
+      set_pending(std::current_exception());
+      throw Interrupted{};
+    }
+  }
+
+  void rethrow_pending() {
+    std::exception_ptr error;
+    {
+      std::lock_guard lock(pending_mutex_);
+      error = std::exchange(pending_, nullptr);
+    }
+    if (error) std::rethrow_exception(error);
+  }
+  // The first harness error of the step wins.
+  void set_pending(std::exception_ptr error) {
+    std::lock_guard lock(pending_mutex_);
+    if (!pending_) pending_ = std::move(error);
+  }
+
+  int rank() const { return context_.rank(); }
+  int world_size() const { return context_.world_size(); }
+  int step_index() const { return context_.step_index(); }
+  std::optional<double> max_norm() const { return context_.max_norm(); }
+
+  std::vector<std::tuple<std::string, at::Tensor, bool>> parameters() const {
+    std::vector<std::tuple<std::string, at::Tensor, bool>> out;
+    for (const harness::Parameter& p : context_.model().parameters()) {
+      out.emplace_back(p.name, p.value, p.trainable);
+    }
+    return out;
+  }
+  std::vector<std::pair<at::Tensor, at::Tensor>> micro_batches() const {
+    std::vector<std::pair<at::Tensor, at::Tensor>> out;
+    for (const harness::MicroBatch& b : context_.micro_batches()) out.emplace_back(b.inputs, b.labels);
+    return out;
+  }
+  at::Tensor logits(const at::Tensor& tokens) {
+    return guarded([&] {
+      harness::MicroBatch batch;
+      batch.inputs = tokens;
+      return context_.model().logits(batch);
+    });
+  }
+  at::Tensor loss(const at::Tensor& logits, const at::Tensor& labels) {
+    return guarded([&] { return context_.loss(logits, labels); });
+  }
+  void optimizer_step() { guarded([&] { context_.optimizer().step(); }); }
+  void zero_grad(bool set_to_none) { guarded([&] { context_.optimizer().zero_grad(set_to_none); }); }
+  void all_reduce_sum(std::vector<at::Tensor> tensors) {
+    guarded([&] { context_.comm().all_reduce_sum(tensors); });
+  }
+  void barrier() { guarded([&] { context_.comm().barrier(); }); }
+  // What FSDP's reduce-scatter does inside a real recipe's backward: every trainable
+  // gradient averaged over this rank's FSDP group, as the C++ recipes average it.
+  void average_gradients() { guarded([&] { harness::training::rank_average(context_); }); }
+
+  py::dict scenario() const { return scenario_facts(context_.scenario()); }
+  py::dict optimizer_facts() const {
+    const scenarios::Scenario& s = context_.scenario();
+    py::dict d;
+    d["optimizer"] = std::string(to_string(s.optimizer));
+    d["lr"] = s.learning_rate;
+    d["momentum"] = s.momentum;
+    d["weight_decay"] = s.weight_decay;
+    return d;
+  }
+
+ private:
+  harness::StepContext& context_;
+  std::mutex pending_mutex_;
+  std::exception_ptr pending_;
+};
+
+}  // namespace
+}  // namespace gradnorm::python
+
+PYBIND11_EMBEDDED_MODULE(_gradnorm_native, m) {
+  using gradnorm::python::RankHandle;
+  using release = py::call_guard<py::gil_scoped_release>;
+  py::class_<RankHandle>(m, "RankHandle")
+      .def_property_readonly("rank", &RankHandle::rank)
+      .def_property_readonly("world_size", &RankHandle::world_size)
+      .def_property_readonly("max_norm", &RankHandle::max_norm)
+      .def("step_index", &RankHandle::step_index)
+      .def("scenario", &RankHandle::scenario)
+      .def("optimizer_facts", &RankHandle::optimizer_facts)
+      .def("parameters", &RankHandle::parameters)
+      .def("micro_batches", &RankHandle::micro_batches)
+      .def("logits", &RankHandle::logits, release())
+      .def("loss", &RankHandle::loss, release())
+      .def("optimizer_step", &RankHandle::optimizer_step, release())
+      .def("zero_grad", &RankHandle::zero_grad, py::arg("set_to_none") = true, release())
+      .def("all_reduce_sum", &RankHandle::all_reduce_sum, release())
+      .def("barrier", &RankHandle::barrier, release())
+      .def("average_gradients", &RankHandle::average_gradients, release());
+}
+
+namespace gradnorm::python {
+namespace {
+
+// A loaded step function, kept for the life of the process (never released: see Interpreter).
+struct LoadedStep {
+  std::string file;  // as the user named it: messages cite it so
+  PyObject* function = nullptr;
+  PyObject* cannot_run = nullptr;  // null when the module defines none
+};
+
+// The exception, with the whole traceback it was raised through (the value's own
+// __traceback__ can stop short of the user's frame).
+py::object exception_of(py::error_already_set& error) {
+  py::object value = error.value();
+  if (error.trace()) PyException_SetTraceback(value.ptr(), error.trace().ptr());
+  return value;
+}
+
+// (type name, "message (at FILE:LINE)").
+std::pair<std::string, std::string> describe(py::error_already_set& error, const std::string& file) {
+  return Interpreter::get().runtime().attr("describe")(exception_of(error), file)
+      .cast<std::pair<std::string, std::string>>();
+}
+
+// The exception a step raised, as the harness records it: a refusal, a LibTorch error
+// (a RuntimeError raised inside torch's own code is the c10::Error a C++ step would see),
+// or the Python type with the message and the user's FILE:LINE.
+[[noreturn]] void rethrow_step_error(py::error_already_set& error, const LoadedStep& step) {
+  py::module_ runtime = Interpreter::get().runtime();
+  if (error.matches(runtime.attr("Refusal"))) {
+    throw harness::RecipeRefusal(py::str(error.value()).cast<std::string>());
+  }
+  const auto [type, message] = describe(error, step.file);
+  if (type == "RuntimeError" && runtime.attr("raised_inside_torch")(exception_of(error)).cast<bool>()) {
+    throw harness::StepError("c10::Error", py::str(error.value()).cast<std::string>());
+  }
+  throw harness::StepError(type, message);
+}
+
+std::atomic<long> step_timeout_ms{60'000};
+
+// Ends a Python step that does not return in time: after the timeout it raises
+// HarnessInterrupt inside the step's thread (the interpreter checks for it between
+// bytecodes) and leaves the hang as the harness's error. A step blocked inside one C call
+// (time.sleep, a lock) notices only when that call returns; rank processes are ended by the
+// supervisor in any case. Built and destroyed with the GIL held.
+class Watchdog {
+ public:
+  explicit Watchdog(RankHandle& handle)
+      : handle_(handle), python_thread_(PyThread_get_thread_ident()) {
+    thread_ = std::thread([this] { watch(); });
+  }
+  ~Watchdog() {
+    {
+      py::gil_scoped_release unlocked;  // the watchdog may be waiting for the GIL
+      {
+        std::lock_guard lock(mutex_);
+        done_ = true;
+      }
+      done_cv_.notify_all();
+      thread_.join();
+    }
+    // An interrupt that arrived as the step returned must not fire in later Python code.
+    PyThreadState_SetAsyncExc(python_thread_, nullptr);
+  }
+  Watchdog(const Watchdog&) = delete;
+  Watchdog& operator=(const Watchdog&) = delete;
+
+ private:
+  void watch() {
+    const auto timeout = std::chrono::milliseconds(step_timeout_ms.load());
+    {
+      std::unique_lock lock(mutex_);
+      if (done_cv_.wait_for(lock, timeout, [this] { return done_; })) return;
+    }
+    py::gil_scoped_acquire gil;
+    std::lock_guard lock(mutex_);
+    if (done_) return;
+    handle_.set_pending(std::make_exception_ptr(std::runtime_error(fmt::format(
+        "hung: its Python step did not return within {} ms (hang)", timeout.count()))));
+    PyThreadState_SetAsyncExc(python_thread_,
+                              Interpreter::get().runtime().attr("HarnessInterrupt").ptr());
+  }
+
+  RankHandle& handle_;
+  unsigned long python_thread_;
+  std::mutex mutex_;
+  std::condition_variable done_cv_;
+  bool done_ = false;
+  std::thread thread_;
+};
+
+class PythonStep final : public harness::Step {
+ public:
+  explicit PythonStep(const LoadedStep& loaded) : loaded_(loaded) {}
+  ~PythonStep() override {
+    if (rank_ == nullptr) return;
+    py::gil_scoped_acquire gil;
+    Py_DECREF(rank_);
+  }
+  PythonStep(const PythonStep&) = delete;
+  PythonStep& operator=(const PythonStep&) = delete;
+
+  void prepare(harness::StepContext& context) override {
+    handle_ = std::make_unique<RankHandle>(context);
+    py::gil_scoped_acquire gil;
+    rank_ = Interpreter::get().runtime().attr("bind")(py::cast(handle_.get(), py::return_value_policy::reference))
+                .release()
+                .ptr();
+  }
+
+  void train_step(harness::StepContext& context) override {
+    std::optional<double> loss_to_log, grad_norm;
+    {
+      py::gil_scoped_acquire gil;
+      try {
+        py::object result;
+        {
+          Watchdog watchdog(*handle_);
+          result = Interpreter::get().runtime().attr("run_step")(py::handle(loaded_.function),
+                                                                 py::handle(rank_));
+        }
+        std::tie(loss_to_log, grad_norm) =
+            result.cast<std::pair<std::optional<double>, std::optional<double>>>();
+      } catch (py::error_already_set& error) {
+        handle_->rethrow_pending();
+        rethrow_step_error(error, loaded_);
+      }
+      handle_->rethrow_pending();
+    }
+    if (loss_to_log) context.log_loss(*loss_to_log);
+    if (grad_norm) context.report_grad_norm(*grad_norm);
+  }
+
+ private:
+  const LoadedStep& loaded_;
+  std::unique_ptr<RankHandle> handle_;
+  PyObject* rank_ = nullptr;
+};
+
+std::string module_name_for(const std::string& file) {
+  static std::mutex mutex;
+  static int counter = 0;
+  std::lock_guard lock(mutex);
+  std::string stem = std::filesystem::path(file).stem().string();
+  for (char& c : stem) {
+    if (!std::isalnum(static_cast<unsigned char>(c))) c = '_';
+  }
+  return fmt::format("gradnorm_step_{}_{}", counter++, stem);
+}
+
+const LoadedStep& load(const StepSource& source) {
+  static std::mutex mutex;
+  static std::map<std::pair<std::string, std::string>, LoadedStep*> loaded;
+  std::lock_guard lock(mutex);
+  const auto key = std::make_pair(source.file, source.function);
+  if (auto found = loaded.find(key); found != loaded.end()) return *found->second;
+  std::error_code ignored;
+  if (!std::filesystem::is_regular_file(source.file, ignored)) {
+    throw InvalidInput(fmt::format("Python step '{}': no such file", source.file));
+  }
+  Interpreter& interpreter = Interpreter::get();
+  py::gil_scoped_acquire gil;
+  py::module_ runtime = interpreter.runtime();
+  auto* step = new LoadedStep{source.file};
+  try {
+    py::object function =
+        runtime.attr("load_step")(source.file, source.function, module_name_for(source.file));
+    py::object module = py::module_::import("sys").attr("modules")[py::str(
+        function.attr("__module__"))];
+    if (py::hasattr(module, "cannot_run")) {
+      step->cannot_run = py::object(module.attr("cannot_run")).release().ptr();
+    }
+    step->function = function.release().ptr();
+  } catch (py::error_already_set& error) {
+    delete step;
+    const auto [type, message] = describe(error, source.file);
+    throw InvalidInput(fmt::format("Python step '{}' does not load: {}: {}", source.file, type, message));
+  }
+  loaded.emplace(key, step);
+  return *step;
+}
+
+// The module's cannot_run(scenario), if it defines one. An error in it is an input error:
+// the step cannot say what it handles.
+std::optional<std::string> ask_cannot_run(const LoadedStep& step, const scenarios::Scenario& s) {
+  if (step.cannot_run == nullptr) return std::nullopt;
+  py::gil_scoped_acquire gil;
+  try {
+    const py::object why = py::handle(step.cannot_run)(scenario_facts(s));
+    if (why.is_none()) return std::nullopt;
+    if (!py::isinstance<py::str>(why)) {
+      throw InvalidInput(fmt::format("Python step '{}': cannot_run must return None or a "
+                                     "string (the reason), it returned {}",
+                                     step.file, py::str(why.get_type().attr("__name__")).cast<std::string>()));
+    }
+    return why.cast<std::string>();
+  } catch (py::error_already_set& error) {
+    const auto [type, message] = describe(error, step.file);
+    throw InvalidInput(fmt::format("Python step '{}': cannot_run raised on scenario '{}': {}: {}",
+                                   step.file, s.name, type, message));
+  }
+}
+
+}  // namespace
+
+StepSource parse_step_source(const std::string& text) {
+  StepSource out;
+  // A colon after the last path separator splits FILE from FUNCTION.
+  const auto slash = text.find_last_of('/');
+  const auto colon = text.find(':', slash == std::string::npos ? 0 : slash);
+  out.file = text.substr(0, colon);
+  if (colon != std::string::npos) out.function = text.substr(colon + 1);
+  if (out.file.empty() || out.function.empty()) {
+    throw InvalidInput(fmt::format("Python step '{}': expected FILE.py or FILE.py:FUNCTION", text));
+  }
+  return out;
+}
+
+void set_step_timeout(std::chrono::milliseconds timeout) { step_timeout_ms = timeout.count(); }
+
+harness::Role parse_python_role(const std::string& text) {
+  if (text == "candidate") return harness::Role::candidate;
+  if (text == "reference") return harness::Role::reference;
+  throw InvalidInput(fmt::format("Python step role '{}': expected candidate or reference (a "
+                                 "negative control needs a bug_visible rule, which only C++ "
+                                 "steps can give)",
+                                 text));
+}
+
+harness::VariantSpec make_python_variant(const PythonVariant& variant) {
+  if (variant.role == harness::Role::negative_control) {
+    throw InvalidInput(fmt::format("Python step '{}': a negative control needs a bug_visible "
+                                   "rule, which only C++ steps can give",
+                                   variant.source.file));
+  }
+  const LoadedStep& loaded = load(variant.source);
+  harness::VariantSpec spec;
+  spec.name = variant.name.empty()
+                  ? "py/" + std::filesystem::path(variant.source.file).stem().string()
+                  : variant.name;
+  spec.role = variant.role;
+  spec.reference = variant.role == harness::Role::reference ? spec.name : variant.reference;
+  spec.summary = fmt::format("Python step {}:{}", variant.source.file, variant.source.function);
+  spec.make = [&loaded] { return std::make_unique<PythonStep>(loaded); };
+  spec.cannot_run = [&loaded](const scenarios::Scenario& s) { return ask_cannot_run(loaded, s); };
+  if (!variant.findings_of.empty()) {
+    const harness::VariantSpec& original = harness::find_variant(variant.findings_of);
+    spec.findings = [original](const scenarios::Scenario& s, const harness::ContractFacts& facts) {
+      return harness::documented_finding(original, s, facts);
+    };
+  }
+  return spec;
+}
+
+void register_python_step(const PythonVariant& variant) {
+  harness::register_variant(make_python_variant(variant));
+}
+
+}  // namespace gradnorm::python

@@ -1,0 +1,6 @@
+def cannot_run(scenario):
+    return 42
+
+
+def step(ctx):
+    return None

@@ -1,0 +1,2 @@
+def step(ctx):
+    raise ctx.Refusal("this step refuses every scenario")
