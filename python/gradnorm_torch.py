@@ -24,6 +24,7 @@ import threading
 
 import torch
 import torch.distributed as dist
+import torch.nn.functional as F
 from torch.distributed import distributed_c10d as _c10d
 
 # --- torch.distributed: a default group per rank ------------------------------------------
@@ -329,3 +330,347 @@ def run_step(step, rank):
     )
     with _DefaultGroup(rank.group):
         return read_result(step(context))
+
+
+# --- oracle vectors: a step checked from a pytest suite ---------------------------------
+# `gradnorm export SCENARIO... --out DIR` writes one file per scenario; this part loads it,
+# runs a step the way gradnorm would (a model and loss written here in Python, every rank
+# as a thread) and compares what the step produced with the float64 oracle.
+
+_FORMAT = "gradnorm oracle vectors"
+_VERSION = 1
+
+
+class Disagreement(AssertionError):
+    """A step disagrees with the oracle: one line per check that failed."""
+
+
+def load_vectors(path):
+    """The oracle vectors in `path` (written by `gradnorm export`)."""
+    data = torch.load(path)
+    if not isinstance(data, dict) or data.get("format") != _FORMAT:
+        raise ValueError("%s: not a gradnorm oracle vectors file" % path)
+    if data.get("version") != _VERSION:
+        raise ValueError("%s: oracle vectors version %s; this helper reads version %d"
+                         % (path, data.get("version"), _VERSION))
+    return OracleVectors(data, str(path))
+
+
+def _upcast(logits):
+    return logits.to(torch.promote_types(logits.dtype, torch.float32))
+
+
+def _rel_l2(got, want):
+    got = got.detach().to(torch.float64)
+    want = want.detach().to(torch.float64)
+    if not bool(torch.isfinite(got).all()):
+        return math.inf
+    scale = float(want.norm())
+    error = float((got - want).norm())
+    return error / scale if scale > 0 else error
+
+
+def _rel(got, want):
+    if got is None or not math.isfinite(got):
+        return math.inf
+    return abs(got - want) / abs(want) if want != 0 else abs(got)
+
+
+class _Room:
+    """Ranks as threads of one process: sums in rank order, as gradnorm's threads do."""
+
+    def __init__(self, world_size, timeout):
+        self._world = world_size
+        self._timeout = timeout
+        self._barrier = threading.Barrier(world_size)
+        self._slots = [None] * world_size
+
+    def all_reduce_sum(self, rank, tensors):
+        self._slots[rank] = [t.detach().clone() for t in tensors]
+        self._barrier.wait(self._timeout)
+        for i, tensor in enumerate(tensors):
+            total = self._slots[0][i].clone()
+            for other in range(1, self._world):
+                total += self._slots[other][i]
+            with torch.no_grad():
+                tensor.copy_(total)
+        self._barrier.wait(self._timeout)
+
+    def barrier(self):
+        self._barrier.wait(self._timeout)
+
+    def abort(self):
+        self._barrier.abort()
+
+
+class OracleVectors:
+    """One exported scenario: its batches, initial parameters and the oracle's answers."""
+
+    def __init__(self, data, path):
+        self.path = path
+        self.scenario = data["scenario"]
+        self.initial_parameters = data["initial_parameters"]
+        self.trainable = list(data["trainable"])
+        self.batches = data["batches"]
+        self.tolerance = data["tolerance"]
+        self.oracle = data["oracle"]
+        self.name = self.scenario["name"]
+
+    # -- the scenario's model and loss, in Python -------------------------------------------
+
+    def model(self):
+        """A fresh copy of the scenario's model at its initial parameters."""
+        kind = self.scenario["model"]
+        if kind not in ("causal_lm", "linear_head", "token_probe", "lora"):
+            raise NotImplementedError(
+                "%s: the helper has no Python model for '%s'; run your own model and compare "
+                "with compare()" % (self.name, kind))
+        params = []
+        for name, value in self.initial_parameters.items():
+            tensor = value.detach().clone()
+            tensor.requires_grad_(name in self.trainable)
+            params.append((name, tensor))
+        values = dict(params)
+
+        def linear(x, layer):
+            out = F.linear(x, values[layer + ".weight"], values.get(layer + ".bias"))
+            if layer + ".lora_a" in values:
+                out = out + F.linear(F.linear(x, values[layer + ".lora_a"]),
+                                     values[layer + ".lora_b"]) * 2.0
+            return out
+
+        def forward(tokens):
+            if kind == "token_probe":
+                table = values["probe.weight"]
+                return table.index_select(0, tokens.reshape(-1)).view(tokens.size(0), tokens.size(1), -1)
+            if kind == "linear_head":
+                return linear(tokens, "head")
+            embedded = values["embedding.weight"].index_select(0, tokens.reshape(-1))
+            embedded = embedded.view(tokens.size(0), tokens.size(1), -1)
+            length = tokens.size(1)
+            counts = torch.arange(1, length + 1, dtype=embedded.dtype).view(1, length, 1)
+            hidden = torch.tanh(linear(embedded.cumsum(1) / counts, "hidden"))
+            return linear(hidden, "head")
+
+        return HarnessModel(params, forward)
+
+    def loss_fn(self, logits, labels):
+        """The scenario's loss on one micro-batch: a token mean, formed as its module forms it."""
+        vocab = logits.size(-1)
+        kind = self.scenario["loss"]
+        if kind == "mean_ce":
+            return F.cross_entropy(_upcast(logits).reshape(-1, vocab), labels.reshape(-1),
+                                   ignore_index=-100)
+        if kind == "chunked_ce":
+            valid = (labels != -100).sum()
+            total = None
+            chunks = self.scenario["loss_chunks"]
+            for piece_logits, piece_labels in zip(logits.chunk(chunks, dim=1), labels.chunk(chunks, dim=1)):
+                piece = F.cross_entropy(_upcast(piece_logits).reshape(-1, vocab),
+                                        piece_labels.reshape(-1), ignore_index=-100, reduction="sum")
+                total = piece if total is None else total + piece
+            return total / valid
+        if kind == "linear_ce":
+            mask = labels.reshape(-1) != -100
+            valid = int(mask.sum())
+            if valid == 0:
+                return torch.zeros((), dtype=_upcast(logits).dtype)
+            rows = _upcast(logits).reshape(-1, vocab)[mask]
+            return F.cross_entropy(rows, labels.reshape(-1)[mask], ignore_index=-100,
+                                   reduction="sum") / float(valid)
+        raise NotImplementedError("%s: no Python loss for '%s'" % (self.name, kind))
+
+    def check_model(self):
+        """Raises Disagreement unless this helper's model and loss reproduce, on every
+        micro-batch, the logits and loss gradnorm's own model gave (so a later disagreement
+        is the step's, not the helper's)."""
+        model = self.model()
+        problems = []
+        with torch.no_grad():
+            for step, ranks in enumerate(self.batches):
+                for rank, micros in enumerate(ranks):
+                    for micro, batch in enumerate(micros):
+                        logits = model(batch["tokens"])
+                        error = _rel_l2(logits, batch["logits"])
+                        if error > self.tolerance["tensor_rel_l2"]:
+                            problems.append("step %d rank %d micro-batch %d: logits rel L2 %.3g"
+                                            % (step, rank, micro, error))
+                        loss = self.loss_fn(logits, batch["labels"])
+                        want = float(batch["loss"])
+                        if not (math.isnan(want) and math.isnan(float(loss))) and \
+                                _rel(float(loss), want) > self.tolerance["scalar_rel"]:
+                            problems.append("step %d rank %d micro-batch %d: loss %r, gradnorm %r"
+                                            % (step, rank, micro, float(loss), want))
+        if problems:
+            raise Disagreement("%s: the helper's model or loss is not gradnorm's:\n  %s"
+                               % (self.name, "\n  ".join(problems)))
+
+    # -- running a step ---------------------------------------------------------------------
+
+    def _optimizer(self, params):
+        s = self.scenario
+        if s["optimizer"] == "sgd":
+            return torch.optim.SGD(params, lr=s["learning_rate"], weight_decay=s["weight_decay"])
+        if s["optimizer"] == "sgd_momentum":
+            return torch.optim.SGD(params, lr=s["learning_rate"], momentum=s["momentum"],
+                                   weight_decay=s["weight_decay"])
+        if s["optimizer"] == "adamw":
+            return torch.optim.AdamW(params, lr=s["learning_rate"], weight_decay=s["weight_decay"])
+        raise NotImplementedError("%s: no optimizer '%s'" % (self.name, s["optimizer"]))
+
+    def _run_rank(self, step, rank, room, out):
+        s = self.scenario
+        model = self.model()
+        named = [(n, p) for n, p in model.named_parameters() if n in self.trainable]
+        inner = self._optimizer([p for _, p in named])
+        consumed = {}
+
+        def optimizer_step():
+            for name, p in named:
+                consumed[name] = None if p.grad is None else p.grad.detach().clone()
+            inner.step()
+
+        def zero_grad(set_to_none):
+            inner.zero_grad(set_to_none=set_to_none)
+
+        def average_gradients():
+            if s["world_size"] == 1:
+                return
+            grads = []
+            for _, p in named:
+                if p.grad is None:
+                    p.grad = torch.zeros_like(p)
+                grads.append(p.grad)
+            with torch.no_grad():
+                before = s["rank_average"] == "divide_before_sum"
+                if before:
+                    for g in grads:
+                        g.div_(s["world_size"])
+                room.all_reduce_sum(rank, grads)
+                if not before:
+                    for g in grads:
+                        g.div_(s["world_size"])
+
+        optimizer = HarnessOptimizer(optimizer_step, zero_grad, [p for _, p in named],
+                                     {"optimizer": s["optimizer"], "lr": s["learning_rate"]})
+        group = RankGroup(rank, s["world_size"], lambda tensors: room.all_reduce_sum(rank, tensors),
+                          room.barrier)
+        state = {}
+        steps = []
+        try:
+            for index, ranks in enumerate(self.batches):
+                consumed.clear()
+                context = StepContext(
+                    model=model,
+                    micro_batches=[{"tokens": b["tokens"], "labels": b["labels"]} for b in ranks[rank]],
+                    loss_fn=self.loss_fn, optimizer=optimizer,
+                    max_norm=s["clip_max_norm"], rank=rank, world_size=s["world_size"],
+                    step_index=index, scenario=s, state=state,
+                    average_gradients=average_gradients)
+                with _DefaultGroup(group):
+                    loss_to_log, grad_norm = read_result(step(context))
+                steps.append({
+                    "gradients": {name: consumed.get(name) for name, _ in named},
+                    "loss_to_log": loss_to_log,
+                    "grad_norm": grad_norm,
+                    "parameters_after": {name: p.detach().clone() for name, p in named},
+                })
+            out[rank] = {"steps": steps, "error": None}
+        except BaseException as error:  # recorded, and the other ranks released
+            out[rank] = {"steps": steps, "error": error}
+            room.abort()
+
+    def run(self, step, timeout=60.0):
+        """Runs `step(ctx)` on every rank (threads) for every optimizer step of the scenario,
+        as gradnorm would; returns one {"steps": [...], "error": exception or None} per rank."""
+        s = self.scenario
+        if s["tp"] > 1 or s["cp"] > 1:
+            raise NotImplementedError("%s: the helper runs data-parallel ranks only (no tensor or "
+                                      "context parallelism); run it with gradnorm itself" % self.name)
+        world = s["world_size"]
+        room = _Room(world, timeout)
+        out = [None] * world
+        threads = [threading.Thread(target=self._run_rank, args=(step, r, room, out))
+                   for r in range(world)]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join()
+        return out
+
+    # -- judging ----------------------------------------------------------------------------
+
+    def compare(self, ranks, tensor_rel_l2=None, scalar_rel=None):
+        """What disagrees with the oracle in `ranks` (as run() returns them), one line each;
+        empty when the step agrees. Tolerances default to gradnorm's for the dtype."""
+        tensor_tol = self.tolerance["tensor_rel_l2"] if tensor_rel_l2 is None else tensor_rel_l2
+        scalar_tol = self.tolerance["scalar_rel"] if scalar_rel is None else scalar_rel
+        oracle = self.oracle
+        problems = []
+        for rank, observed in enumerate(ranks):
+            where = "rank %d" % rank
+            error = observed["error"]
+            if oracle["no_gradient"]:
+                finite = error is None and all(
+                    g is not None and bool(torch.isfinite(g).all())
+                    for st in observed["steps"] for g in st["gradients"].values())
+                if finite:
+                    problems.append("%s: N == 0 but the step returned finite gradients: a silent "
+                                    "update where no gradient exists" % where)
+                continue
+            if error is not None:
+                problems.append("%s: raised %s: %s where the oracle has a gradient"
+                                % (where, type(error).__name__, error))
+                continue
+            for index, (got, want) in enumerate(zip(observed["steps"], oracle["steps"])):
+                at = "%s step %d" % (where, index)
+                for name, expected in want["gradients"].items():
+                    g = got["gradients"].get(name)
+                    if g is None:
+                        problems.append("%s: %s: no gradient consumed" % (at, name))
+                        continue
+                    e = _rel_l2(g, expected)
+                    if e > tensor_tol:
+                        problems.append("%s: %s gradient rel L2 error %.3g > %.0e"
+                                        % (at, name, e, tensor_tol))
+                e = _rel(got["loss_to_log"], want["loss"])
+                if e > scalar_tol:
+                    problems.append("%s: logged loss %r, oracle %.9g, rel error %.3g > %.0e"
+                                    % (at, got["loss_to_log"], want["loss"], e, scalar_tol))
+                if self.scenario["clip_max_norm"] is not None and got["grad_norm"] is not None:
+                    e = _rel(got["grad_norm"], want["grad_norm"])
+                    if e > scalar_tol:
+                        problems.append("%s: grad norm %r, oracle %.9g, rel error %.3g > %.0e"
+                                        % (at, got["grad_norm"], want["grad_norm"], e, scalar_tol))
+                problems.extend(self._compare_update(at, got, want, index, tensor_tol))
+            if len(observed["steps"]) != len(oracle["steps"]):
+                problems.append("%s: completed %d of %d steps" % (where, len(observed["steps"]),
+                                                                 len(oracle["steps"])))
+        return problems
+
+    def _compare_update(self, at, got, want, index, tensor_tol):
+        """The step's parameter update against the oracle's, allowing for what storing the
+        parameters in the scenario's dtype alone costs (as gradnorm does); not checked where
+        that is half the update or more."""
+        before = self.initial_parameters if index == 0 else \
+            self.oracle["steps"][index - 1]["parameters_after"]
+        problems = []
+        for name, expected_after in want["parameters_after"].items():
+            start = before[name].to(torch.float64)
+            oracle_update = expected_after - start
+            stored = expected_after.to(self.initial_parameters[name].dtype).to(torch.float64)
+            allowance = _rel_l2(stored - start, oracle_update)
+            if allowance > 0.5:
+                continue
+            e = _rel_l2(got["parameters_after"][name].to(torch.float64) - start, oracle_update)
+            if e > tensor_tol + allowance:
+                problems.append("%s: %s update rel L2 error %.3g > %.0e + %.2g"
+                                % (at, name, e, tensor_tol, allowance))
+        return problems
+
+    def assert_agrees(self, step, tensor_rel_l2=None, scalar_rel=None):
+        """Runs `step` and raises Disagreement, naming each failed check, unless it agrees
+        with the oracle."""
+        problems = self.compare(self.run(step), tensor_rel_l2, scalar_rel)
+        if problems:
+            raise Disagreement("%s (%s):\n  %s" % (self.name, self.path, "\n  ".join(problems)))

@@ -9,6 +9,7 @@ packages=(
   libgtest-dev libgmock-dev librapidcheck-dev
   python3-torch                     # PyTorch for /usr/bin/python3: Python steps run on it
   python3-dev pybind11-dev          # the embedded interpreter that runs Python steps
+  python3-pytest                    # tests: the oracle-vector helper in a pytest suite
 )
 
 missing=()

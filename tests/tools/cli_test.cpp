@@ -12,6 +12,7 @@
 #include <fstream>
 #include <algorithm>
 #include <iterator>
+#include <map>
 #include <sstream>
 #include <stdexcept>
 #include <string>
@@ -343,6 +344,74 @@ TEST(Cli, DigestsTellApartVariantsThatDifferInOneUlp) {
   ASSERT_TRUE(contains(baseline, "\tbaseline\t0\t")) << baseline;
   ASSERT_TRUE(contains(skip, "\tskip\t0\t")) << skip;
   EXPECT_NE(baseline.substr(baseline.rfind('\t')), skip.substr(skip.rfind('\t')));
+}
+
+
+// Python steps from the command line (docs/design.md §10).
+const std::string kPythonExamples = GRADNORM_SOURCE_DIR "/examples/python/";
+
+TEST(PythonCli, VariantTablesInAScenarioFileRunTheirSteps) {
+  TemporaryDirectory folder;
+  const std::string file = (folder.path() / "mine.toml").string();
+  const std::string json_path = (folder.path() / "out.json").string();
+  std::ofstream(file) << "[[scenario]]\nname = \"mine/6-2\"\nvalid_tokens = [[6], [2]]\n"
+                      << "[[variant]]\nname = \"mine/baseline\"\npython = \"" << kPythonExamples
+                      << "full_finetune.py\"\nfindings_of = \"baseline\"\n"
+                      << "[[variant]]\nname = \"mine/skip\"\npython = \"" << kPythonExamples
+                      << "skip.py:step\"\n";
+  const std::vector<std::string> args = {"run", "-f", file, "--json", json_path};
+  const CliResult r = run_cli(args);
+  // The Python skip fails on ragged ranks: an unexpected verdict, exit 1.
+  EXPECT_EQ(r.exit_code, 1) << explain(args, r);
+  const nlohmann::json report = nlohmann::json::parse(read_file(json_path));
+  std::map<std::string, std::string> verdicts;
+  for (const auto& record : report.at("records")) {
+    EXPECT_EQ(record.value("scenario", ""), "mine/6-2");
+    verdicts[record.value("variant", "")] = record.value("verdict", "");
+  }
+  EXPECT_EQ(verdicts, (std::map<std::string, std::string>{{"mine/baseline", "pass"},
+                                                          {"mine/skip", "fail"}}));
+}
+
+TEST(PythonCli, AVariantTableWithoutItsFileIsAnInputErrorNamingIt) {
+  TemporaryDirectory folder;
+  const std::string file = (folder.path() / "mine.toml").string();
+  std::ofstream(file) << "[[variant]]\nname = \"gone\"\npython = \"steps/gone.py\"\n";
+  const std::vector<std::string> args = {"run", "-f", file, "-s", "single/n5/float32"};
+  const CliResult r = run_cli(args);
+  EXPECT_EQ(r.exit_code, 2) << explain(args, r);
+  EXPECT_TRUE(contains(r.output, "variant #1")) << explain(args, r);
+  EXPECT_TRUE(contains(r.output, "steps/gone.py': no such file")) << explain(args, r);
+}
+
+TEST(PythonCli, FuzzingAPythonStepFindsTheSkipsCounterExample) {
+  const std::vector<std::string> good = {"fuzz", "--python-step", kPythonExamples + "full_finetune.py",
+                                         "--cases", "60", "--seed", "3"};
+  const CliResult held = run_cli(good);
+  EXPECT_EQ(held.exit_code, 0) << explain(good, held);
+  EXPECT_TRUE(contains(held.output, "py/full_finetune agrees where its reference does"))
+      << explain(good, held);
+  const std::vector<std::string> bad = {"fuzz", "--python-step", kPythonExamples + "skip.py",
+                                        "--cases", "60", "--seed", "3"};
+  const CliResult failed = run_cli(bad);
+  EXPECT_EQ(failed.exit_code, 1) << explain(bad, failed);
+  EXPECT_TRUE(contains(failed.output, "per-token weights")) << explain(bad, failed);
+}
+
+TEST(PythonCli, ExportWritesOneFilePerScenarioAndNothingOnBadInput) {
+  TemporaryDirectory folder;
+  const std::string out = (folder.path() / "vectors").string();
+  const std::vector<std::string> good = {"export", "dist/5-3/*", "--out", out};
+  const CliResult written = run_cli(good);
+  EXPECT_EQ(written.exit_code, 0) << explain(good, written);
+  for (const char* dtype : {"float64", "float32", "bfloat16"}) {
+    EXPECT_TRUE(std::filesystem::is_regular_file(out + "/dist/5-3/" + dtype + ".pt")) << dtype;
+  }
+  const std::string other = (folder.path() / "other").string();
+  const std::vector<std::string> bad = {"export", "single/n5/float32", "no/such", "--out", other};
+  const CliResult refused = run_cli(bad);
+  EXPECT_EQ(refused.exit_code, 2) << explain(bad, refused);
+  EXPECT_FALSE(std::filesystem::exists(other)) << explain(bad, refused);
 }
 
 }  // namespace

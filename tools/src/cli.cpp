@@ -23,6 +23,7 @@
 #include "gradnorm/reports/report.hpp"
 #include "gradnorm/harness/transport.hpp"
 #include "bench.hpp"
+#include "export.hpp"
 #include "fuzz.hpp"
 #include "process_supervisor.hpp"
 #include "gradnorm/scenarios/catalogue.hpp"
@@ -470,6 +471,16 @@ int run_command_line(int argc, char** argv) {
                       "variant name or pattern (repeatable; default: baseline, skip, "
                       "world-size-only, global-prenorm)");
 
+  std::vector<std::string> export_patterns, export_files;
+  std::string export_out;
+  CLI::App* export_cmd = app.add_subcommand(
+      "export", "write oracle vectors (batches, initial parameters, the oracle's answers) that "
+                "torch.load reads, one file per scenario, for Python test suites");
+  export_cmd->add_option("scenario", export_patterns, "scenario names or shell patterns")->required();
+  export_cmd->add_option("--out", export_out, "the folder to write OUT/<scenario>.pt into")->required();
+  export_cmd->add_option("--scenario-file,-f", export_files, "TOML scenario file (repeatable)")
+      ->check(CLI::ExistingFile);
+
   tools::FuzzOptions fuzz_options;
   CLI::App* fuzz = app.add_subcommand(
       "fuzz", "check the harness's properties over many generated scenarios");
@@ -519,6 +530,9 @@ int run_command_line(int argc, char** argv) {
     if (*show) return show_command(show_name, show_files);
     if (*explain) return explain_command(explain_name, explain_variants, explain_files);
     if (*bench) return tools::bench_command(bench_options);
+    if (*export_cmd) {
+      return tools::export_command(pick_scenarios(export_patterns, export_files), export_out);
+    }
     if (*fuzz) {
       const std::vector<std::string> declared = declare_steps(fuzz_python_step, {});
       if (fuzz_options.variants.empty()) fuzz_options.variants = declared;
