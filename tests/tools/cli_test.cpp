@@ -414,5 +414,18 @@ TEST(PythonCli, ExportWritesOneFilePerScenarioAndNothingOnBadInput) {
   EXPECT_FALSE(std::filesystem::exists(other)) << explain(bad, refused);
 }
 
+
+// A smoke run of the Python benchmark: it prints a row per scenario (figures unchecked).
+TEST(PythonCli, BenchPrintsThePythonStepsOverheadPerScenario) {
+  const std::vector<std::string> args = {"bench", "--python-step", kPythonExamples + "full_finetune.py",
+                                         "--findings-of", "baseline", "--repeat", "1"};
+  const CliResult r = run_cli(args);
+  EXPECT_EQ(r.exit_code, 0) << explain(args, r);
+  EXPECT_TRUE(contains(r.output, "py/full_finetune (Python) against baseline (C++)")) << explain(args, r);
+  for (const char* scenario : {"single/n5/float32", "dist/32-ranks-ragged/float32"}) {
+    EXPECT_TRUE(contains(r.output, scenario)) << explain(args, r);
+  }
+}
+
 }  // namespace
 }  // namespace gradnorm

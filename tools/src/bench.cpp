@@ -125,4 +125,54 @@ int bench_command(const BenchOptions& options) {
   return all_ok ? 0 : 1;
 }
 
+namespace {
+
+double median(std::vector<double> values) {
+  std::sort(values.begin(), values.end());
+  return values[values.size() / 2];
+}
+
+// Seconds per run of `v` on `s` (threads), one sample; nothing judged.
+double time_run(const harness::VariantSpec& v, const scenarios::Scenario& s) {
+  harness::DeterminismGuard guard;
+  const auto start = std::chrono::steady_clock::now();
+  const harness::RankedRun run = harness::run_in_threads(v, s);
+  const double seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+  if (run.fault) throw scenarios::InvalidInput(fmt::format("bench: {} x {}: {}", s.name, v.name, *run.fault));
+  return seconds;
+}
+
+}  // namespace
+
+int python_bench_command(const std::string& python_variant, const std::string& cpp_variant,
+                         int repeat, double startup_seconds) {
+  const harness::VariantSpec& py = harness::find_variant(python_variant);
+  const harness::VariantSpec& cpp = harness::find_variant(cpp_variant);
+  fmt::print("gradnorm bench: {} (Python) against {} (C++), ranks as threads, median of {} runs\n"
+             "each, alternating; one run = every rank's whole optimizer step(s), models built.\n"
+             "Loading the Python step took {:.3f} s (interpreter start and import torch included "
+             "when it was the first).\n\n",
+             py.name, cpp.name, repeat, startup_seconds);
+  fmt::print("{:<32} {:>6} {:>6} {:>12} {:>12} {:>14} {:>8}\n", "scenario", "ranks", "steps",
+             "C++ ms", "Python ms", "overhead ms", "ratio");
+  for (const char* name : {"single/n5/float32", "single/accum2-ragged/float32",
+                           "single/n5-momentum-3steps/float32", "dist/5-3/float32",
+                           "dist/8-ranks-ragged/float32", "dist/32-ranks-ragged/float32"}) {
+    const scenarios::Scenario& s = scenarios::find_scenario(name);
+    if (harness::not_applicable(py, s) || harness::not_applicable(cpp, s)) continue;
+    std::vector<double> cpp_seconds, py_seconds;
+    (void)time_run(cpp, s);  // warm both once
+    (void)time_run(py, s);
+    for (int i = 0; i < repeat; ++i) {
+      cpp_seconds.push_back(time_run(cpp, s));
+      py_seconds.push_back(time_run(py, s));
+    }
+    const double c = median(cpp_seconds) * 1e3, p = median(py_seconds) * 1e3;
+    fmt::print("{:<32} {:>6} {:>6} {:>12.3f} {:>12.3f} {:>14.3f} {:>7.2f}x\n", name, s.world_size,
+               s.steps, c, p, (p - c) / s.steps, p / c);
+  }
+  fmt::print("\noverhead ms is per optimizer step of the whole run (every rank together).\n");
+  return 0;
+}
+
 }  // namespace gradnorm::tools

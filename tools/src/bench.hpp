@@ -15,6 +15,12 @@ struct BenchOptions {
 
 int bench_command(const BenchOptions& options);
 
+// The per-step cost of a Python step against its C++ counterpart, ranks as threads on the
+// same scenarios, runs alternating; `startup_seconds` is what loading the step cost (the
+// interpreter's start and `import torch` included, when it was the first).
+int python_bench_command(const std::string& python_variant, const std::string& cpp_variant,
+                         int repeat, double startup_seconds);
+
 // One measurement in a fresh process (so its peak memory is its own): runs the catalogue
 // scenario with `ranks` ranks `repeat` times and writes "median min" seconds to `out_path`.
 int bench_one_command(const std::string& launcher, int ranks, int repeat, const std::string& out_path);

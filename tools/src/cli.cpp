@@ -10,6 +10,7 @@
 #include <c10/util/Exception.h>
 
 #include <algorithm>
+#include <chrono>
 #include <cstdio>
 #include <iostream>
 #include <set>
@@ -502,6 +503,12 @@ int run_command_line(int argc, char** argv) {
       ->check(CLI::IsMember({2, 4, 8, 32, 64}));
   bench->add_option("--processes", bench_options.process_ranks, "world sizes to run as processes")
       ->check(CLI::IsMember({2, 4, 8, 32, 64}));
+  PythonStepOptions bench_python_step;
+  add_python_step_options(*bench, bench_python_step);
+  std::string bench_against;
+  bench->add_option("--against", bench_against,
+                    "with --python-step: the C++ variant to time it against (default: "
+                    "--findings-of, else --reference)");
   std::string one_launcher, one_out;
   int one_ranks = 0, one_repeat = 1;
   CLI::App* bench_one = app.add_subcommand("bench-one", "one bench measurement (used by bench)");
@@ -529,7 +536,19 @@ int run_command_line(int argc, char** argv) {
     if (*list) return list_command(scenarios_only, variants_only);
     if (*show) return show_command(show_name, show_files);
     if (*explain) return explain_command(explain_name, explain_variants, explain_files);
-    if (*bench) return tools::bench_command(bench_options);
+    if (*bench) {
+      if (bench_python_step.source.empty()) return tools::bench_command(bench_options);
+      const auto start = std::chrono::steady_clock::now();
+      const std::vector<std::string> declared = declare_steps(bench_python_step, {});
+      const double startup =
+          std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+      std::string against = bench_against;
+      if (against.empty()) {
+        against = bench_python_step.findings_of.empty() ? bench_python_step.reference
+                                                        : bench_python_step.findings_of;
+      }
+      return tools::python_bench_command(declared.front(), against, bench_options.repeat, startup);
+    }
     if (*export_cmd) {
       return tools::export_command(pick_scenarios(export_patterns, export_files), export_out);
     }
