@@ -140,10 +140,22 @@ py::dict scenario_facts(const scenarios::Scenario& s) {
 // rethrown once the step returns, whatever the step did with the interrupt.
 class RankHandle {
  public:
-  explicit RankHandle(harness::StepContext& context) : context_(context) {}
+  explicit RankHandle(harness::StepContext& context) : context_(&context) {}
+
+  // After the run: Python may still hold the model or the optimizer (a global, a closure);
+  // calls then raise instead of reaching a context that no longer exists.
+  void close() { context_ = nullptr; }
+  harness::StepContext& context() const {
+    if (context_ == nullptr) {
+      throw std::runtime_error("this gradnorm step's run has ended: keep ctx, ctx.model and "
+                               "ctx.optimizer only for the step's own call");
+    }
+    return *context_;
+  }
 
   template <typename Body>
   auto guarded(Body&& body) -> decltype(body()) {
+    (void)context();  // a call after the run is the caller's error, raised as such
     try {
       return body();
     } catch (const c10::Error& error) {
@@ -169,46 +181,46 @@ class RankHandle {
     if (!pending_) pending_ = std::move(error);
   }
 
-  int rank() const { return context_.rank(); }
-  int world_size() const { return context_.world_size(); }
-  int step_index() const { return context_.step_index(); }
-  std::optional<double> max_norm() const { return context_.max_norm(); }
+  int rank() const { return context().rank(); }
+  int world_size() const { return context().world_size(); }
+  int step_index() const { return context().step_index(); }
+  std::optional<double> max_norm() const { return context().max_norm(); }
 
   std::vector<std::tuple<std::string, at::Tensor, bool>> parameters() const {
     std::vector<std::tuple<std::string, at::Tensor, bool>> out;
-    for (const harness::Parameter& p : context_.model().parameters()) {
+    for (const harness::Parameter& p : context().model().parameters()) {
       out.emplace_back(p.name, p.value, p.trainable);
     }
     return out;
   }
   std::vector<std::pair<at::Tensor, at::Tensor>> micro_batches() const {
     std::vector<std::pair<at::Tensor, at::Tensor>> out;
-    for (const harness::MicroBatch& b : context_.micro_batches()) out.emplace_back(b.inputs, b.labels);
+    for (const harness::MicroBatch& b : context().micro_batches()) out.emplace_back(b.inputs, b.labels);
     return out;
   }
   at::Tensor logits(const at::Tensor& tokens) {
     return guarded([&] {
       harness::MicroBatch batch;
       batch.inputs = tokens;
-      return context_.model().logits(batch);
+      return context().model().logits(batch);
     });
   }
   at::Tensor loss(const at::Tensor& logits, const at::Tensor& labels) {
-    return guarded([&] { return context_.loss(logits, labels); });
+    return guarded([&] { return context().loss(logits, labels); });
   }
-  void optimizer_step() { guarded([&] { context_.optimizer().step(); }); }
-  void zero_grad(bool set_to_none) { guarded([&] { context_.optimizer().zero_grad(set_to_none); }); }
+  void optimizer_step() { guarded([&] { context().optimizer().step(); }); }
+  void zero_grad(bool set_to_none) { guarded([&] { context().optimizer().zero_grad(set_to_none); }); }
   void all_reduce_sum(std::vector<at::Tensor> tensors) {
-    guarded([&] { context_.comm().all_reduce_sum(tensors); });
+    guarded([&] { context().comm().all_reduce_sum(tensors); });
   }
-  void barrier() { guarded([&] { context_.comm().barrier(); }); }
+  void barrier() { guarded([&] { context().comm().barrier(); }); }
   // What FSDP's reduce-scatter does inside a real recipe's backward: every trainable
   // gradient averaged over this rank's FSDP group, as the C++ recipes average it.
-  void average_gradients() { guarded([&] { harness::training::rank_average(context_); }); }
+  void average_gradients() { guarded([&] { harness::training::rank_average(context()); }); }
 
-  py::dict scenario() const { return scenario_facts(context_.scenario()); }
+  py::dict scenario() const { return scenario_facts(context().scenario()); }
   py::dict optimizer_facts() const {
-    const scenarios::Scenario& s = context_.scenario();
+    const scenarios::Scenario& s = context().scenario();
     py::dict d;
     d["optimizer"] = std::string(to_string(s.optimizer));
     d["lr"] = s.learning_rate;
@@ -218,7 +230,7 @@ class RankHandle {
   }
 
  private:
-  harness::StepContext& context_;
+  harness::StepContext* context_;
   std::mutex pending_mutex_;
   std::exception_ptr pending_;
 };
@@ -229,7 +241,7 @@ class RankHandle {
 PYBIND11_EMBEDDED_MODULE(_gradnorm_native, m) {
   using gradnorm::python::RankHandle;
   using release = py::call_guard<py::gil_scoped_release>;
-  py::class_<RankHandle>(m, "RankHandle")
+  py::class_<RankHandle, std::shared_ptr<RankHandle>>(m, "RankHandle")
       .def_property_readonly("rank", &RankHandle::rank)
       .def_property_readonly("world_size", &RankHandle::world_size)
       .def_property_readonly("max_norm", &RankHandle::max_norm)
@@ -345,15 +357,16 @@ class PythonStep final : public harness::Step {
   ~PythonStep() override {
     if (rank_ == nullptr) return;
     py::gil_scoped_acquire gil;
+    handle_->close();
     Py_DECREF(rank_);
   }
   PythonStep(const PythonStep&) = delete;
   PythonStep& operator=(const PythonStep&) = delete;
 
   void prepare(harness::StepContext& context) override {
-    handle_ = std::make_unique<RankHandle>(context);
+    handle_ = std::make_shared<RankHandle>(context);
     py::gil_scoped_acquire gil;
-    rank_ = Interpreter::get().runtime().attr("bind")(py::cast(handle_.get(), py::return_value_policy::reference))
+    rank_ = Interpreter::get().runtime().attr("bind")(py::cast(handle_))
                 .release()
                 .ptr();
   }
@@ -383,7 +396,7 @@ class PythonStep final : public harness::Step {
 
  private:
   const LoadedStep& loaded_;
-  std::unique_ptr<RankHandle> handle_;
+  std::shared_ptr<RankHandle> handle_;  // shared with Python, which may outlive the run
   PyObject* rank_ = nullptr;
 };
 

@@ -201,6 +201,17 @@ TEST(PythonStepErrors, AHangingStepIsEndedByTheTimeoutWithItsRankNamed) {
   EXPECT_NE(two.fault->find("rank 0"), std::string::npos) << *two.fault;
 }
 
+TEST(PythonStepErrors, AModelKeptPastItsRunRaisesInsteadOfCrashing) {
+  const harness::VariantSpec& v = python_step("py/keeps-model", kSteps + "keeps_model.py");
+  const auto first = run(v, "single/n5/float32");
+  ASSERT_FALSE(first.ranks[0].error);
+  const auto second = run(v, "single/n5/float32");
+  ASSERT_TRUE(second.ranks[0].error);
+  EXPECT_EQ(second.ranks[0].error->type, "RuntimeError");
+  EXPECT_NE(second.ranks[0].error->message.find("run has ended"), std::string::npos)
+      << second.ranks[0].error->message;
+}
+
 scenarios::InvalidInput refusal_of(const std::string& file, const std::string& function = "step") {
   try {
     (void)python::make_python_variant(
