@@ -89,19 +89,24 @@ ErrorMetrics compare_tensors(const std::vector<harness::NamedTensor>& actual,
     const at::Tensor got = actual[i].value.detach().to(at::kDouble).contiguous().reshape({-1});
     const double* g = got.data_ptr<double>();
     const double* w = want.data_ptr<double>();
+    long worst_here = -1;  // formatted once, after the loop
     for (long k = 0; k < got.numel(); ++k) {
       const double err = std::abs(g[k] - w[k]);
       if (!std::isfinite(g[k])) m.all_finite = false;
       const bool first_nan = std::isnan(err) && !std::isnan(m.max_abs_error);
-      if (m.worst.empty() || err > m.max_abs_error || first_nan) {
+      if ((m.worst.empty() && worst_here < 0) || err > m.max_abs_error || first_nan) {
         m.max_abs_error = err;
-        m.worst = fmt::format("{}[{}]: got {:.9g}, want {:.9g}", actual[i].name, k, g[k], w[k]);
+        worst_here = k;
       }
       m.max_ulp = std::max(m.max_ulp, ulp_distance(g[k], w[k], ulp_dtype));
       diff_sq += (g[k] - w[k]) * (g[k] - w[k]);
       expected_sq += w[k] * w[k];
       actual_sq += g[k] * g[k];
       dot += g[k] * w[k];
+    }
+    if (worst_here >= 0) {
+      m.worst = fmt::format("{}[{}]: got {:.9g}, want {:.9g}", actual[i].name, worst_here,
+                            g[worst_here], w[worst_here]);
     }
   }
   if (diff_sq == 0) {

@@ -2,8 +2,12 @@
 
 #include <fmt/format.h>
 
+#include <algorithm>
+#include <atomic>
+#include <exception>
 #include <limits>
 #include <map>
+#include <thread>
 
 #include "gradnorm/harness/batch.hpp"
 #include "gradnorm/harness/runner.hpp"
@@ -38,83 +42,137 @@ int Evaluation::count_unmet() const {
   return unmet;
 }
 
+namespace {
+
+// One scenario against every variant: its rows and left-out pairs, up to a fault.
+Evaluation evaluate_scenario(const scenarios::Scenario& s,
+                             const std::vector<harness::VariantSpec>& variant_list,
+                             const EvaluateOptions& options, harness::Transport& transport) {
+  Evaluation out;
+  std::map<OracleKey, OracleResult> oracles;
+  std::map<std::string, harness::RankedRun> observed;
+  auto observe = [&](const harness::VariantSpec& v) -> const harness::RankedRun& {
+    auto found = observed.find(v.name);
+    if (found == observed.end()) found = observed.emplace(v.name, transport.run(v, s)).first;
+    return found->second;
+  };
+  for (const harness::VariantSpec& v : variant_list) {
+    if (auto why = harness::not_applicable(v, s)) {
+      out.skipped.push_back({s.name, v.name, *why});
+      continue;
+    }
+    const harness::ModelConfig config = harness::model_config_for(v, s);
+    const OracleKey key{s.name, config.base, config.lora, config.fake_quantize, v.objective};
+    auto oracle = oracles.find(key);
+    if (oracle == oracles.end()) {
+      oracle = oracles.emplace(key, run_oracle(s, config, v.objective)).first;
+    }
+
+    EvaluationRow row;
+    row.scenario = s;
+    row.variant = v;
+    row.world_size = s.world_size;
+    const harness::RankedRun& run = observe(v);
+    const harness::RankedRun& reference = observe(harness::find_variant(v.reference));
+    row.fault = run.fault;
+    if (!row.fault && reference.fault) row.fault = "reference " + v.reference + ": " + *reference.fault;
+    if (!run.ranks.empty()) row.observation = run.ranks.front();
+    for (const harness::Observation& rank : run.ranks) row.rank_digests.push_back(harness::digest(rank));
+    row.verdict = judge_ranks(s, run, oracle->second, reference);
+    row.global_token_count = oracle->second.global_token_count;
+    const bool has_step = !oracle->second.steps.empty();
+    row.oracle_loss = has_step ? oracle->second.steps.front().loss
+                               : std::numeric_limits<double>::quiet_NaN();
+    row.oracle_grad_norm = has_step ? oracle->second.steps.front().total_norm
+                                    : std::numeric_limits<double>::quiet_NaN();
+    if (v.name != v.reference && !run.fault && !reference.fault && !reference.ranks.empty()) {
+      row.against_reference = compare_observations(row.observation, reference.ranks.front(),
+                                                   harness::scalar_type(s.dtype));
+    } else {
+      row.against_reference.bitwise_equal = v.name == v.reference;
+    }
+    const bool agreed = row.verdict.kind == VerdictKind::pass ||
+                        row.verdict.kind == VerdictKind::expected_error;
+    if (v.role == harness::Role::negative_control) {
+      const harness::Visibility visibility = v.bug_visible(s, contract_facts(s, oracle->second));
+      row.applicability = visibility.why;
+      row.expectation = visibility.visible ? Expectation::flag : Expectation::not_applicable;
+      row.met = !visibility.visible || !agreed;
+    } else if (const std::optional<harness::Finding> finding =
+                   options.use_documented_findings
+                       ? harness::documented_finding(v, s, contract_facts(s, oracle->second))
+                       : std::nullopt) {
+      row.expectation = Expectation::finding;
+      row.applicability = finding->reason;
+      row.met = to_string(row.verdict.kind) == finding->verdict;
+    } else {
+      row.expectation = Expectation::agree;
+      row.met = agreed;
+    }
+    // A fault is never an answer: not a caught control, not a reproduced finding. The
+    // evaluation stops: the rest of the matrix would run on a broken setup.
+    if (row.fault) {
+      row.met = false;
+      out.fault = fmt::format("{} x {}: {}", s.name, v.name, *row.fault);
+    }
+    out.rows.push_back(std::move(row));
+    if (out.fault) return out;
+  }
+  return out;
+}
+
+}  // namespace
+
 Evaluation evaluate(const std::vector<scenarios::Scenario>& scenario_list,
                     const std::vector<harness::VariantSpec>& variant_list,
                     const EvaluateOptions& options) {
-  Evaluation out;
   harness::RunOptions thread_options;
   thread_options.timeout = options.timeout;
   harness::ThreadTransport threads(thread_options);
   harness::Transport& transport = options.transport ? *options.transport : threads;
-  for (const scenarios::Scenario& s : scenario_list) {
-    std::map<OracleKey, OracleResult> oracles;
-    std::map<std::string, harness::RankedRun> observed;
-    auto observe = [&](const harness::VariantSpec& v) -> const harness::RankedRun& {
-      auto found = observed.find(v.name);
-      if (found == observed.end()) found = observed.emplace(v.name, transport.run(v, s)).first;
-      return found->second;
-    };
-    for (const harness::VariantSpec& v : variant_list) {
-      if (auto why = harness::not_applicable(v, s)) {
-        out.skipped.push_back({s.name, v.name, *why});
-        continue;
+  // Ranks as processes run every scenario in step with their peers: one at a time.
+  const bool in_process = transport.kind() == "threads";
+  const std::size_t workers = in_process
+      ? std::min<std::size_t>(static_cast<std::size_t>(std::max(1, options.workers)), scenario_list.size())
+      : 1;
+  std::vector<Evaluation> parts(scenario_list.size());
+  std::vector<std::exception_ptr> errors(scenario_list.size());
+  std::atomic<std::size_t> next{0};
+  std::atomic<std::size_t> first_fault{scenario_list.size()};
+  auto work = [&] {
+    for (std::size_t i = next++; i < scenario_list.size(); i = next++) {
+      // Past a fault (or an error) nothing more is needed.
+      if (i > first_fault.load()) return;
+      try {
+        parts[i] = evaluate_scenario(scenario_list[i], variant_list, options, transport);
+        if (parts[i].fault) {
+          std::size_t known = first_fault.load();
+          while (i < known && !first_fault.compare_exchange_weak(known, i)) {
+          }
+        }
+      } catch (...) {
+        errors[i] = std::current_exception();
+        std::size_t known = first_fault.load();
+        while (i < known && !first_fault.compare_exchange_weak(known, i)) {
+        }
       }
-      const harness::ModelConfig config = harness::model_config_for(v, s);
-      const OracleKey key{s.name, config.base, config.lora, config.fake_quantize, v.objective};
-      auto oracle = oracles.find(key);
-      if (oracle == oracles.end()) {
-        oracle = oracles.emplace(key, run_oracle(s, config, v.objective)).first;
-      }
-
-      EvaluationRow row;
-      row.scenario = s;
-      row.variant = v;
-      row.world_size = s.world_size;
-      const harness::RankedRun& run = observe(v);
-      const harness::RankedRun& reference = observe(harness::find_variant(v.reference));
-      row.fault = run.fault;
-      if (!row.fault && reference.fault) row.fault = "reference " + v.reference + ": " + *reference.fault;
-      if (!run.ranks.empty()) row.observation = run.ranks.front();
-      for (const harness::Observation& rank : run.ranks) row.rank_digests.push_back(harness::digest(rank));
-      row.verdict = judge_ranks(s, run, oracle->second, reference);
-      row.global_token_count = oracle->second.global_token_count;
-      const bool has_step = !oracle->second.steps.empty();
-      row.oracle_loss = has_step ? oracle->second.steps.front().loss
-                                 : std::numeric_limits<double>::quiet_NaN();
-      row.oracle_grad_norm = has_step ? oracle->second.steps.front().total_norm
-                                      : std::numeric_limits<double>::quiet_NaN();
-      if (v.name != v.reference && !run.fault && !reference.fault && !reference.ranks.empty()) {
-        row.against_reference = compare_observations(row.observation, reference.ranks.front(),
-                                                     harness::scalar_type(s.dtype));
-      } else {
-        row.against_reference.bitwise_equal = v.name == v.reference;
-      }
-      const bool agreed = row.verdict.kind == VerdictKind::pass ||
-                          row.verdict.kind == VerdictKind::expected_error;
-      if (v.role == harness::Role::negative_control) {
-        const harness::Visibility visibility = v.bug_visible(s, contract_facts(s, oracle->second));
-        row.applicability = visibility.why;
-        row.expectation = visibility.visible ? Expectation::flag : Expectation::not_applicable;
-        row.met = !visibility.visible || !agreed;
-      } else if (const std::optional<harness::Finding> finding =
-                     options.use_documented_findings
-                         ? harness::documented_finding(v, s, contract_facts(s, oracle->second))
-                         : std::nullopt) {
-        row.expectation = Expectation::finding;
-        row.applicability = finding->reason;
-        row.met = to_string(row.verdict.kind) == finding->verdict;
-      } else {
-        row.expectation = Expectation::agree;
-        row.met = agreed;
-      }
-      // A fault is never an answer: not a caught control, not a reproduced finding. The
-      // evaluation stops: the rest of the matrix would run on a broken setup.
-      if (row.fault) {
-        row.met = false;
-        out.fault = fmt::format("{} x {}: {}", s.name, v.name, *row.fault);
-      }
-      out.rows.push_back(std::move(row));
-      if (out.fault) return out;
+    }
+  };
+  if (workers <= 1) {
+    work();
+  } else {
+    std::vector<std::thread> pool;
+    for (std::size_t w = 0; w < workers; ++w) pool.emplace_back(work);
+    for (std::thread& t : pool) t.join();
+  }
+  Evaluation out;
+  for (std::size_t i = 0; i < scenario_list.size(); ++i) {
+    if (errors[i]) std::rethrow_exception(errors[i]);
+    for (EvaluationRow& row : parts[i].rows) out.rows.push_back(std::move(row));
+    for (auto& skipped : parts[i].skipped) out.skipped.push_back(std::move(skipped));
+    if (parts[i].fault) {
+      out.fault = parts[i].fault;
+      return out;
     }
   }
   return out;

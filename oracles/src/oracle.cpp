@@ -91,24 +91,42 @@ OracleResult run_oracle(const Scenario& s, const harness::ModelConfig& model_con
                   ->converted(at::kDouble);
   }
   for (int step = 0; step < s.steps; ++step) {
-    // All valid tokens of the step, every rank and micro-batch, as one batch.
-    std::vector<at::Tensor> rows;
-    std::vector<at::Tensor> targets;
-    std::vector<at::Tensor> teacher_rows;
-    // Every data-parallel rank's batch, whole: the tokens tensor- and context-parallel ranks
-    // share or split are counted once.
+    // All valid tokens of the step, every rank and micro-batch, as one batch. Every
+    // data-parallel rank's batch is read whole: the tokens tensor- and context-parallel
+    // ranks share or split are counted once.
+    std::vector<harness::MicroBatch> batches;
     for (int rank = 0; rank < s.data_parallel_size(); ++rank) {
       for (harness::MicroBatch batch : harness::make_rank_window(s, rank, step)) {
         if (batch.inputs.is_floating_point()) batch.inputs = batch.inputs.to(at::kDouble);
-        const at::Tensor logits = model->logits(batch);
-        const at::Tensor valid = batch.labels.ne(harness::kIgnoreIndex).reshape({-1});
-        rows.push_back(logits.reshape({-1, logits.size(-1)}).index({valid}));
-        targets.push_back(batch.labels.reshape({-1}).index({valid}));
-        if (teacher) {
-          at::NoGradGuard no_grad;
-          const at::Tensor teacher_logits = teacher->logits(batch);
-          teacher_rows.push_back(teacher_logits.reshape({-1, teacher_logits.size(-1)}).index({valid}));
-        }
+        batches.push_back(std::move(batch));
+      }
+    }
+    // The built-in models treat each sequence on its own, so the step's sequences go through
+    // them as one batch (one forward instead of one per micro-batch); a TorchScript module
+    // may not, and gets them as the step's ranks do.
+    if (model_config.base != scenarios::ModelKind::torchscript && batches.size() > 1) {
+      std::vector<at::Tensor> inputs, labels;
+      for (const harness::MicroBatch& b : batches) {
+        inputs.push_back(b.inputs);
+        labels.push_back(b.labels);
+      }
+      harness::MicroBatch whole;
+      whole.inputs = at::cat(inputs);
+      whole.labels = at::cat(labels);
+      batches = {std::move(whole)};
+    }
+    std::vector<at::Tensor> rows;
+    std::vector<at::Tensor> targets;
+    std::vector<at::Tensor> teacher_rows;
+    for (const harness::MicroBatch& batch : batches) {
+      const at::Tensor logits = model->logits(batch);
+      const at::Tensor valid = batch.labels.ne(harness::kIgnoreIndex).reshape({-1});
+      rows.push_back(logits.reshape({-1, logits.size(-1)}).index({valid}));
+      targets.push_back(batch.labels.reshape({-1}).index({valid}));
+      if (teacher) {
+        at::NoGradGuard no_grad;
+        const at::Tensor teacher_logits = teacher->logits(batch);
+        teacher_rows.push_back(teacher_logits.reshape({-1, teacher_logits.size(-1)}).index({valid}));
       }
     }
     const at::Tensor all_rows = at::cat(rows);

@@ -427,5 +427,25 @@ TEST(PythonCli, BenchPrintsThePythonStepsOverheadPerScenario) {
   }
 }
 
+
+// Scenarios judged on several workers give the same report, byte for byte, as on one.
+TEST(Cli, ReportsAreByteIdenticalWhateverTheNumberOfWorkers) {
+  TemporaryDirectory folder;
+  auto report = [&](const std::string& jobs, const std::string& pattern) {
+    const std::string path = (folder.path() / ("j" + jobs + ".json")).string();
+    const std::vector<std::string> args = {"run", "-q", "-j", jobs, "-s", pattern, "-s",
+                                           "single/n5*", "--json", path};
+    const CliResult r = run_cli(args);
+    EXPECT_EQ(r.exit_code, 0) << explain(args, r);
+    return read_file(path);
+  };
+  const std::string one = report("1", "dist/*");
+  EXPECT_FALSE(one.empty());
+  EXPECT_EQ(one, report("2", "dist/*"));
+  EXPECT_EQ(one, report("5", "dist/*"));
+  // The comparison can fail: another selection is another report.
+  EXPECT_NE(one, report("2", "dist/5-3*"));
+}
+
 }  // namespace
 }  // namespace gradnorm

@@ -14,6 +14,7 @@
 #include <cstdio>
 #include <iostream>
 #include <set>
+#include <thread>
 
 #include "gradnorm/harness/determinism.hpp"
 #include "gradnorm/harness/variant.hpp"
@@ -25,6 +26,7 @@
 #include "gradnorm/harness/transport.hpp"
 #include "bench.hpp"
 #include "export.hpp"
+#include "stream.hpp"
 #include "fuzz.hpp"
 #include "process_supervisor.hpp"
 #include "gradnorm/scenarios/catalogue.hpp"
@@ -186,6 +188,7 @@ struct RunOptions {
   std::string backend = "gloo";
   std::vector<std::string> scenario_files;
   PythonStepOptions python_step;
+  int jobs = 0;  // 0: every core
 };
 
 std::chrono::milliseconds timeout_of(const RunOptions& options) {
@@ -291,7 +294,9 @@ int run_command(const RunOptions& options, int argc, char** argv) {
 
   oracles::EvaluateOptions evaluate_options{
       .timeout = run_options.timeout,
-      .use_documented_findings = !options.ignore_findings};
+      .use_documented_findings = !options.ignore_findings,
+      .workers = options.jobs > 0 ? options.jobs
+                                  : static_cast<int>(std::max(1u, std::thread::hardware_concurrency()))};
   std::unique_ptr<harness::Transport> transport;
   if (options.launcher == "env") {
     const harness::Rendezvous rendezvous = harness::rendezvous_from_environment();
@@ -444,6 +449,10 @@ int run_command_line(int argc, char** argv) {
   run->add_option("--inject-fault", run_options.fault,
                   "make a rank fail on purpose: RANK:KIND[@STEP], KIND one of throw, exit, hang");
   add_python_step_options(*run, run_options.python_step);
+  run->add_option("--jobs,-j", run_options.jobs,
+                  "scenarios judged at once with ranks as threads (default: every core); the "
+                  "results are the same whatever the number")
+      ->check(CLI::Range(1, 1024));
   run->add_flag("--ignore-findings", run_options.ignore_findings,
                 "treat documented findings as failures: every reference and candidate must "
                 "agree with the oracle");
@@ -481,6 +490,14 @@ int run_command_line(int argc, char** argv) {
   export_cmd->add_option("--out", export_out, "the folder to write OUT/<scenario>.pt into")->required();
   export_cmd->add_option("--scenario-file,-f", export_files, "TOML scenario file (repeatable)")
       ->check(CLI::ExistingFile);
+
+  tools::StreamOptions stream_options;
+  CLI::App* stream = app.add_subcommand(
+      "stream", "write the reference stream of ragged steps (the speed workload) as a scenario file");
+  stream->add_option("--cases", stream_options.cases, "scenarios in the stream (default 300)")
+      ->check(CLI::Range(1, 10000000));
+  stream->add_option("--seed", stream_options.seed, "the stream's seed (default 1)");
+  stream->add_option("--out", stream_options.out, "the TOML file to write (default: standard output)");
 
   tools::FuzzOptions fuzz_options;
   CLI::App* fuzz = app.add_subcommand(
@@ -549,6 +566,7 @@ int run_command_line(int argc, char** argv) {
       }
       return tools::python_bench_command(declared.front(), against, bench_options.repeat, startup);
     }
+    if (*stream) return tools::stream_command(stream_options);
     if (*export_cmd) {
       return tools::export_command(pick_scenarios(export_patterns, export_files), export_out);
     }

@@ -66,9 +66,16 @@ struct EvaluateOptions {
   harness::Transport* transport = nullptr;
   // When false, documented findings are ignored: every reference and candidate must agree.
   bool use_documented_findings = true;
+  // Scenarios judged at once, each on a worker thread of its own (its ranks are threads of
+  // their own too). Only where every run stays in this process (ranks as threads); a
+  // transport whose ranks are processes runs scenarios one at a time, in step with its peers.
+  // The result is the same, bit for bit, whatever the number.
+  int workers = 1;
 };
 
-// Scenarios outer, variants inner, both in the given order; deterministic.
+// Scenarios outer, variants inner, both in the given order; deterministic. A run that
+// faults ends the evaluation after its row (rows past it are dropped even when a worker
+// already judged them).
 [[nodiscard]] Evaluation evaluate(const std::vector<scenarios::Scenario>& scenarios,
                                   const std::vector<harness::VariantSpec>& variants,
                                   const EvaluateOptions& options = {});
