@@ -232,7 +232,17 @@ Verdict judge_ranks(const scenarios::Scenario& s, const harness::RankedRun& obse
   }
   std::vector<Verdict> per_rank;
   for (std::size_t r = 0; r < world; ++r) {
-    per_rank.push_back(judge(s, observed.ranks[r], oracle, reference.ranks[r]));
+    // Replicas usually hold the same bits: an earlier rank with the same observation and
+    // the same reference observation has this rank's verdict already (judge reads nothing
+    // else of a rank).
+    std::optional<std::size_t> same;
+    for (std::size_t k = 0; k < r && !same; ++k) {
+      if (same_observation(observed.ranks[r], observed.ranks[k]) &&
+          same_observation(reference.ranks[r], reference.ranks[k])) {
+        same = k;
+      }
+    }
+    per_rank.push_back(same ? per_rank[*same] : judge(s, observed.ranks[r], oracle, reference.ranks[r]));
   }
   bool same_reasons = true, same_outcome = true;
   for (const Verdict& r : per_rank) {
@@ -263,6 +273,7 @@ Verdict judge_ranks(const scenarios::Scenario& s, const harness::RankedRun& obse
   }
   // Ranks hold replicas: after the reduction every number must be the same on every rank.
   for (std::size_t r = 1; r < world; ++r) {
+    if (same_observation(observed.ranks[r], observed.ranks[0])) continue;
     const PairComparison pair = compare_observations(observed.ranks[r], observed.ranks[0],
                                                      harness::scalar_type(s.dtype));
     if (pair.comparable && !pair.bitwise_equal) {

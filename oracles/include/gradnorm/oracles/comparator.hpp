@@ -37,6 +37,11 @@ struct ErrorMetrics {
     const std::vector<harness::NamedTensor>& before,
     const std::vector<harness::NamedTensor>& after);
 
+// True when the two observations hold the same bits in every number a user sees (initial
+// parameters, gradients, parameters after, norms, logged losses) and the same error: a
+// memcmp, no arithmetic, so NaNs compare by their bits.
+[[nodiscard]] bool same_observation(const harness::Observation& a, const harness::Observation& b);
+
 // How close two variants' observations are: bitwise on every number a user sees.
 struct PairComparison {
   bool comparable = true;      // same number of steps, neither raised
