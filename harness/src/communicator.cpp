@@ -73,6 +73,30 @@ std::optional<std::string> ThreadRoom::aborted() const {
   return aborted_;
 }
 
+std::optional<std::string> ThreadRoom::mismatch() const {
+  auto describe = [](const std::vector<at::Tensor>& list) {
+    std::vector<std::string> parts;
+    for (const at::Tensor& t : list) {
+      parts.push_back(fmt::format("{}{}", c10::toString(t.scalar_type()), t.sizes()));
+    }
+    return fmt::format("[{}]", fmt::join(parts, ", "));
+  };
+  const std::vector<at::Tensor>& first = *deposits_[0];
+  for (std::size_t r = 1; r < deposits_.size(); ++r) {
+    const std::vector<at::Tensor>& other = *deposits_[r];
+    bool same = other.size() == first.size();
+    for (std::size_t i = 0; same && i < first.size(); ++i) {
+      same = other[i].scalar_type() == first[i].scalar_type() && other[i].sizes() == first[i].sizes();
+    }
+    if (!same) {
+      return fmt::format("{}ranks reduce different tensors at collective #{}: rank 0 {}, rank {} {}",
+                         parent_ ? "in a subgroup, " : "", generation_ + 1, describe(first), r,
+                         describe(*deposits_[r]));
+    }
+  }
+  return std::nullopt;
+}
+
 void ThreadRoom::all_reduce_sum(int rank, std::vector<at::Tensor>& tensors) {
   std::unique_lock lock(mutex_);
   if (aborted_) throw CommunicationError(*aborted_);
@@ -80,9 +104,12 @@ void ThreadRoom::all_reduce_sum(int rank, std::vector<at::Tensor>& tensors) {
   deposits_[static_cast<std::size_t>(rank)] = &tensors;
   present_[static_cast<std::size_t>(rank)] = true;
   if (++arrived_ == world_size_) {
-    for (std::size_t r = 1; r < deposits_.size(); ++r) {
-      TORCH_INTERNAL_ASSERT(deposits_[r]->size() == deposits_[0]->size(),
-                            "harness bug: ranks reduce different tensor lists");
+    // Ranks that reduce different tensors (a count, a shape, a dtype) have diverged: the run
+    // is aborted naming them, and the room is never left half-reduced.
+    if (const std::optional<std::string> why = mismatch()) {
+      lock.unlock();
+      abort(*why);
+      throw CommunicationError(*why);
     }
     at::NoGradGuard no_grad;
     for (std::size_t i = 0; i < tensors.size(); ++i) {

@@ -19,6 +19,8 @@
 #include <fmt/format.h>
 
 #include <atomic>
+#include <cstdio>
+#include <cstdlib>
 #include <chrono>
 #include <condition_variable>
 #include <exception>
@@ -47,6 +49,11 @@ using scenarios::InvalidInput;
 // rank's step raised, a collective timed out); the step's own code cannot catch it
 // (gradnorm_torch.HarnessInterrupt is a BaseException) and the harness rethrows the cause.
 struct Interrupted {};
+
+// A LibTorch error inside a harness call made from Python: gradnorm_torch.TorchError there.
+struct TorchCallError : std::runtime_error {
+  using std::runtime_error::runtime_error;
+};
 
 // The interpreter: started once, never finalised (Python objects may outlive any order of
 // static destruction), its GIL released between calls. Holds the gradnorm_torch module.
@@ -81,7 +88,12 @@ class Interpreter {
       py::object module = py::module_::import("types").attr("ModuleType")("gradnorm_torch");
       module.attr("__file__") = "gradnorm_torch.py";
       sys.attr("modules")["gradnorm_torch"] = module;
-      py::exec(detail::kEmbeddedModuleSource, module.attr("__dict__"));
+      // Compiled under its own name, so tracebacks through it read gradnorm_torch.py.
+      py::module_ builtins = py::module_::import("builtins");
+      builtins.attr("exec")(
+          builtins.attr("compile")(detail::kEmbeddedModuleSource, "gradnorm_torch.py", "exec"),
+          module.attr("__dict__"));
+      module.attr("embed")();  // guards that hold inside gradnorm only
       runtime_ = module.release().ptr();
       py::register_exception_translator([](std::exception_ptr raised) {
         try {
@@ -89,6 +101,9 @@ class Interpreter {
         } catch (const Interrupted&) {
           py::object interrupt = Interpreter::get().runtime().attr("HarnessInterrupt");
           PyErr_SetString(interrupt.ptr(), "the harness stopped this step");
+        } catch (const TorchCallError& error) {
+          py::object torch_error = Interpreter::get().runtime().attr("TorchError");
+          PyErr_SetString(torch_error.ptr(), error.what());
         }
       });
     } catch (const py::error_already_set& error) {
@@ -142,25 +157,34 @@ class RankHandle {
  public:
   explicit RankHandle(harness::StepContext& context) : context_(&context) {}
 
-  // After the run: Python may still hold the model or the optimizer (a global, a closure);
-  // calls then raise instead of reaching a context that no longer exists.
-  void close() { context_ = nullptr; }
+  // The rank's own thread, while the harness is inside a call of the step (or binding it):
+  // the only time and place ctx may be used. Python may keep the model or the optimizer
+  // (a global, a closure, a thread of its own); their calls then raise instead of reaching
+  // a context that is gone or in use. Checked on the calling thread, so no race with close.
+  void begin_call() { owner_ = std::this_thread::get_id(); }
+  void end_call() { owner_ = std::thread::id(); }
+  void close() {
+    end_call();
+    context_ = nullptr;
+  }
   harness::StepContext& context() const {
-    if (context_ == nullptr) {
-      throw std::runtime_error("this gradnorm step's run has ended: keep ctx, ctx.model and "
-                               "ctx.optimizer only for the step's own call");
+    if (context_ == nullptr || owner_.load() != std::this_thread::get_id()) {
+      throw std::runtime_error(
+          "ctx, ctx.model and ctx.optimizer belong to one call of the step, on its own thread: "
+          "this use comes from another thread or after the step returned");
     }
     return *context_;
   }
 
   template <typename Body>
   auto guarded(Body&& body) -> decltype(body()) {
-    (void)context();  // a call after the run is the caller's error, raised as such
+    (void)context();  // a use out of place is the caller's error, raised as such
     try {
       return body();
     } catch (const c10::Error& error) {
-      // What torch raises for the same call made in Python: a RuntimeError.
-      throw std::runtime_error(harness::first_line(error.what_without_backtrace()));
+      // What torch raises for the same call made in Python (a RuntimeError), marked as
+      // LibTorch's so it is recorded as the c10::Error a C++ step would see.
+      throw TorchCallError(harness::first_line(error.what_without_backtrace()));
     } catch (...) {
       set_pending(std::current_exception());
       throw Interrupted{};
@@ -231,6 +255,7 @@ class RankHandle {
 
  private:
   harness::StepContext* context_;
+  std::atomic<std::thread::id> owner_{};
   std::mutex pending_mutex_;
   std::exception_ptr pending_;
 };
@@ -277,24 +302,34 @@ py::object exception_of(py::error_already_set& error) {
   return value;
 }
 
-// (type name, "message (at FILE:LINE)").
-std::pair<std::string, std::string> describe(py::error_already_set& error, const std::string& file) {
-  return Interpreter::get().runtime().attr("describe")(exception_of(error), file)
-      .cast<std::pair<std::string, std::string>>();
+// (type name, "message (at FILE:LINE)"), never throwing: what cannot be described is
+// named so. `function` (or null) is the step, cited when the traceback never reaches the
+// user's file (an error in what the step returned).
+std::pair<std::string, std::string> describe(py::error_already_set& error, const std::string& file,
+                                             PyObject* function = nullptr) {
+  try {
+    return Interpreter::get().runtime().attr("describe")(
+        exception_of(error), file, function ? py::handle(function) : py::handle(Py_None))
+        .cast<std::pair<std::string, std::string>>();
+  } catch (const std::exception& inner) {
+    return {"Exception", fmt::format("an exception gradnorm could not describe ({})",
+                                     harness::first_line(inner.what()))};
+  }
 }
 
 // The exception a step raised, as the harness records it: a refusal, a LibTorch error
-// (a RuntimeError raised inside torch's own code is the c10::Error a C++ step would see),
-// or the Python type with the message and the user's FILE:LINE.
+// (raised inside torch's own code, or inside a harness call: the c10::Error a C++ step
+// would see), or the Python type with the message and the user's FILE:LINE.
 [[noreturn]] void rethrow_step_error(py::error_already_set& error, const LoadedStep& step) {
-  py::module_ runtime = Interpreter::get().runtime();
-  if (error.matches(runtime.attr("Refusal"))) {
-    throw harness::RecipeRefusal(py::str(error.value()).cast<std::string>());
+  std::string kind;
+  try {
+    kind = Interpreter::get().runtime().attr("classify")(exception_of(error)).cast<std::string>();
+  } catch (const std::exception&) {
+    kind = "step";
   }
-  const auto [type, message] = describe(error, step.file);
-  if (type == "RuntimeError" && runtime.attr("raised_inside_torch")(exception_of(error)).cast<bool>()) {
-    throw harness::StepError("c10::Error", py::str(error.value()).cast<std::string>());
-  }
+  const auto [type, message] = describe(error, step.file, step.function);
+  if (kind == "refusal") throw harness::RecipeRefusal(message.substr(0, message.rfind(" (at ")));
+  if (kind == "torch") throw harness::StepError("c10::Error", message.substr(0, message.rfind(" (at ")));
   throw harness::StepError(type, message);
 }
 
@@ -307,8 +342,8 @@ std::atomic<long> step_timeout_ms{60'000};
 // supervisor in any case. Built and destroyed with the GIL held.
 class Watchdog {
  public:
-  explicit Watchdog(RankHandle& handle)
-      : handle_(handle), python_thread_(PyThread_get_thread_ident()) {
+  Watchdog(RankHandle& handle, int rank)
+      : handle_(handle), python_thread_(PyThread_get_thread_ident()), rank_(rank) {
     thread_ = std::thread([this] { watch(); });
   }
   ~Watchdog() {
@@ -330,25 +365,57 @@ class Watchdog {
  private:
   void watch() {
     const auto timeout = std::chrono::milliseconds(step_timeout_ms.load());
-    {
-      std::unique_lock lock(mutex_);
-      if (done_cv_.wait_for(lock, timeout, [this] { return done_; })) return;
-    }
-    py::gil_scoped_acquire gil;
-    std::lock_guard lock(mutex_);
-    if (done_) return;
+    std::unique_lock lock(mutex_);
+    if (done_cv_.wait_for(lock, timeout, [this] { return done_; })) return;
     handle_.set_pending(std::make_exception_ptr(std::runtime_error(fmt::format(
         "hung: its Python step did not return within {} ms (hang)", timeout.count()))));
-    PyThreadState_SetAsyncExc(python_thread_,
-                              Interpreter::get().runtime().attr("HarnessInterrupt").ptr());
+    // Raised again every 100 ms: a step may catch BaseException once, not forever. One that
+    // still runs after another timeout cannot be stopped from outside its thread: the
+    // process ends as a supervisor would end it (exit 3, the rank named).
+    const auto give_up = std::chrono::steady_clock::now() + timeout;
+    while (!done_) {
+      if (std::chrono::steady_clock::now() > give_up) {
+        std::fprintf(stderr,
+                     "gradnorm: run aborted: rank %d hung: its Python step ignored the harness's "
+                     "interrupt for %lld ms after its %lld ms timeout (hang)\n",
+                     rank_, static_cast<long long>(timeout.count()),
+                     static_cast<long long>(timeout.count()));
+        std::fflush(stderr);
+        std::_Exit(3);
+      }
+      lock.unlock();
+      {
+        py::gil_scoped_acquire gil;
+        std::lock_guard check(mutex_);
+        if (!done_) {
+          PyThreadState_SetAsyncExc(python_thread_,
+                                    Interpreter::get().runtime().attr("HarnessInterrupt").ptr());
+        }
+      }
+      lock.lock();
+      done_cv_.wait_for(lock, std::chrono::milliseconds(100), [this] { return done_; });
+    }
   }
 
   RankHandle& handle_;
   unsigned long python_thread_;
+  int rank_;
   std::mutex mutex_;
   std::condition_variable done_cv_;
   bool done_ = false;
   std::thread thread_;
+};
+
+// The harness is inside a call of the step for this object's life.
+class Call {
+ public:
+  explicit Call(RankHandle& handle) : handle_(handle) { handle_.begin_call(); }
+  ~Call() { handle_.end_call(); }
+  Call(const Call&) = delete;
+  Call& operator=(const Call&) = delete;
+
+ private:
+  RankHandle& handle_;
 };
 
 class PythonStep final : public harness::Step {
@@ -366,9 +433,13 @@ class PythonStep final : public harness::Step {
   void prepare(harness::StepContext& context) override {
     handle_ = std::make_shared<RankHandle>(context);
     py::gil_scoped_acquire gil;
-    rank_ = Interpreter::get().runtime().attr("bind")(py::cast(handle_))
-                .release()
-                .ptr();
+    Call call(*handle_);
+    try {
+      rank_ = Interpreter::get().runtime().attr("bind")(py::cast(handle_)).release().ptr();
+    } catch (py::error_already_set& error) {
+      const auto [type, message] = describe(error, loaded_.file);
+      throw std::runtime_error(fmt::format("binding the Python step failed: {}: {}", type, message));
+    }
   }
 
   void train_step(harness::StepContext& context) override {
@@ -378,7 +449,8 @@ class PythonStep final : public harness::Step {
       try {
         py::object result;
         {
-          Watchdog watchdog(*handle_);
+          Call call(*handle_);
+          Watchdog watchdog(*handle_, context.rank());
           result = Interpreter::get().runtime().attr("run_step")(py::handle(loaded_.function),
                                                                  py::handle(rank_));
         }
@@ -451,12 +523,12 @@ std::optional<std::string> ask_cannot_run(const LoadedStep& step, const scenario
   try {
     const py::object why = py::handle(step.cannot_run)(scenario_facts(s));
     if (why.is_none()) return std::nullopt;
-    if (!py::isinstance<py::str>(why)) {
-      throw InvalidInput(fmt::format("Python step '{}': cannot_run must return None or a "
-                                     "string (the reason), it returned {}",
-                                     step.file, py::str(why.get_type().attr("__name__")).cast<std::string>()));
+    if (py::isinstance<py::str>(why)) {
+      return Interpreter::get().runtime().attr("safe_text")(why).cast<std::string>();
     }
-    return why.cast<std::string>();
+    throw InvalidInput(fmt::format("Python step '{}': cannot_run must return None or a string "
+                                   "(the reason), it returned {}",
+                                   step.file, py::str(why.get_type().attr("__name__")).cast<std::string>()));
   } catch (py::error_already_set& error) {
     const auto [type, message] = describe(error, step.file);
     throw InvalidInput(fmt::format("Python step '{}': cannot_run raised on scenario '{}': {}: {}",

@@ -112,3 +112,41 @@ def test_a_file_that_is_not_an_export_is_refused(tmp_path):
     torch.save({"weights": torch.ones(2)}, path)
     with pytest.raises(ValueError, match="not a gradnorm oracle vectors file"):
         gradnorm_torch.load_vectors(path)
+
+
+def test_a_step_that_quietly_does_nothing_at_n0_is_caught():
+    empty = vectors("single/all-masked-mean_ce/float32")
+
+    def nothing(ctx):
+        return {"loss_to_log": 0.0}
+
+    with pytest.raises(gradnorm_torch.Disagreement, match="neither raised nor returned a non-finite"):
+        empty.assert_agrees(nothing)
+
+
+def test_clipping_that_never_ran_is_caught():
+    v = vectors("single/clip-active/float32")
+
+    def no_clip(ctx):
+        num_tokens, running_loss = full_finetune.backward_token_sums(ctx)
+        full_finetune.scale_grads_(ctx.model.parameters(), 1.0 / num_tokens)
+        ctx.optimizer.step()
+        return {"loss_to_log": (running_loss / num_tokens).item()}
+
+    with pytest.raises(gradnorm_torch.Disagreement, match="clip_grad_norm_ never ran"):
+        v.assert_agrees(no_clip)
+
+
+def test_a_step_writing_into_its_batch_leaves_the_vectors_alone():
+    v = vectors("single/n5/float32")
+    labels_before = [b["labels"].clone() for b in v.batches[0][0]]
+
+    def vandal(ctx):
+        for batch in ctx.micro_batches:
+            batch["labels"].fill_(-100)
+        return None
+
+    v.run(vandal)
+    for before, batch in zip(labels_before, v.batches[0][0]):
+        assert torch.equal(before, batch["labels"])
+    v.assert_agrees(full_finetune.step)

@@ -447,5 +447,22 @@ TEST(Cli, ReportsAreByteIdenticalWhateverTheNumberOfWorkers) {
   EXPECT_NE(one, report("2", "dist/5-3*"));
 }
 
+
+TEST(PythonCli, ExportRefusesScenarioNamesThatLeaveTheOutputFolder) {
+  TemporaryDirectory folder;
+  const std::string file = (folder.path() / "escape.toml").string();
+  std::ofstream(file) << "[[scenario]]\nname = \"../../escaped\"\nvalid_tokens = [[5]]\n"
+                      << "[[scenario]]\nname = \"/tmp/absolute\"\nvalid_tokens = [[5]]\n";
+  const std::string out = (folder.path() / "deep" / "out").string();
+  for (const char* name : {"../../escaped", "/tmp/absolute"}) {
+    const std::vector<std::string> args = {"export", "-f", file, "--out", out, "--", name};
+    const CliResult r = run_cli(args);
+    EXPECT_EQ(r.exit_code, 2) << explain(args, r);
+    EXPECT_TRUE(contains(r.output, "cannot be a file name under --out")) << explain(args, r);
+  }
+  EXPECT_FALSE(std::filesystem::exists(folder.path() / "escaped.pt"));
+  EXPECT_FALSE(std::filesystem::exists(out));
+}
+
 }  // namespace
 }  // namespace gradnorm

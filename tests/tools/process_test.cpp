@@ -644,5 +644,22 @@ TEST(PythonStepProcesses, ASyntaxErrorIsAnInputErrorBeforeAnyRankStarts) {
                      kPythonSteps + "syntax_error.py:2");
 }
 
+
+// A step that catches the harness's interrupt forever cannot be stopped inside its thread:
+// the process ends as a supervisor would, exit 3 with the rank named, threads or processes.
+TEST(PythonStepProcesses, AStepThatSwallowsTheInterruptStillEndsTheRun) {
+  for (const std::vector<std::string>& launch :
+       {std::vector<std::string>{}, std::vector<std::string>{"--nproc", "1"}}) {
+    std::vector<std::string> args = {"run", "--python-step", kPythonSteps + "swallows.py", "-s",
+                                     "single/n5/float32", "--timeout", "1"};
+    args.insert(args.end(), launch.begin(), launch.end());
+    const EnvironmentChanges env = marked_environment();
+    const ProcessResult r = run_cli(args, env);
+    EXPECT_EQ(r.exit_code, kExitRankFailed) << describe(args, env, r);
+    EXPECT_TRUE(contains(r.err, "rank 0 hung")) << describe(args, env, r);
+    EXPECT_TRUE(no_process_carries(env.set.at(kMarkerKey)));
+  }
+}
+
 }  // namespace
 }  // namespace gradnorm

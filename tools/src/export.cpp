@@ -115,9 +115,19 @@ Dict oracle_fields(const oracles::OracleResult& oracle) {
   return d;
 }
 
-// "dist/5-3/float32" -> OUT/dist/5-3/float32.pt
+// "dist/5-3/float32" -> OUT/dist/5-3/float32.pt. A name that would leave OUT (an absolute
+// path, a ".." part) is refused: a scenario file must not write where it likes.
 std::filesystem::path file_for(const std::string& out, const std::string& scenario) {
-  return std::filesystem::path(out) / (scenario + ".pt");
+  const std::filesystem::path name(scenario + ".pt");
+  bool escapes = name.is_absolute() || name.has_root_name();
+  for (const auto& part : name) escapes = escapes || part == ".." || part == ".";
+  if (escapes || scenario.empty()) {
+    throw scenarios::InvalidInput(fmt::format(
+        "export: scenario name '{}' cannot be a file name under --out (absolute, or with a "
+        "'.' or '..' part)",
+        scenario));
+  }
+  return std::filesystem::path(out) / name;
 }
 
 }  // namespace

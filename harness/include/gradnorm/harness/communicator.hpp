@@ -71,6 +71,9 @@ class ThreadRoom {
 
  private:
   void abort_locally(const std::string& why);
+  // Why the deposited tensor lists cannot be summed (count, dtype or shape), if they cannot;
+  // with the mutex held.
+  [[nodiscard]] std::optional<std::string> mismatch() const;
 
   const int world_size_;
   const std::chrono::milliseconds timeout_;

@@ -1,0 +1,3 @@
+def step(ctx):
+    ctx.optimizer.step()
+    return {"loss_to_log": 1.0}

@@ -1,0 +1,2 @@
+def step(ctx):
+    return None

@@ -1,0 +1,5 @@
+import os
+
+
+def step(ctx):
+    os._exit(0)
