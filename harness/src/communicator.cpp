@@ -9,6 +9,8 @@
 
 namespace gradnorm::harness {
 
+bool ThreadCommunicator::any(bool failed) { return room_->any(rank_, failed); }
+
 bool Communicator::any(bool failed) {
   std::vector<at::Tensor> flag{at::full({}, failed ? 1 : 0, at::kLong)};
   all_reduce_sum(flag);
@@ -98,24 +100,44 @@ std::optional<std::string> ThreadRoom::mismatch() const {
 }
 
 void ThreadRoom::all_reduce_sum(int rank, std::vector<at::Tensor>& tensors) {
-  std::unique_lock lock(mutex_);
-  if (aborted_) throw CommunicationError(*aborted_);
-  const long generation = generation_;
-  deposits_[static_cast<std::size_t>(rank)] = &tensors;
-  present_[static_cast<std::size_t>(rank)] = true;
-  if (++arrived_ == world_size_) {
-    // Ranks that reduce different tensors (a count, a shape, a dtype) have diverged: the run
-    // is aborted naming them, and the room is never left half-reduced.
-    if (const std::optional<std::string> why = mismatch()) {
-      lock.unlock();
-      abort(*why);
-      throw CommunicationError(*why);
-    }
+  meet(rank, [&] { deposits_[static_cast<std::size_t>(rank)] = &tensors; }, [&] {
+    // Ranks that reduce different tensors (a count, a shape, a dtype) have diverged: the
+    // run is aborted naming them, and the room is never left half-reduced.
+    if (std::optional<std::string> why = mismatch()) return why;
     at::NoGradGuard no_grad;
     for (std::size_t i = 0; i < tensors.size(); ++i) {
       at::Tensor sum = (*deposits_[0])[i].detach().clone();
       for (std::size_t r = 1; r < deposits_.size(); ++r) sum.add_((*deposits_[r])[i]);
       for (std::size_t r = 0; r < deposits_.size(); ++r) (*deposits_[r])[i].copy_(sum);
+    }
+    return std::optional<std::string>();
+  });
+}
+
+bool ThreadRoom::any(int rank, bool flag) {
+  bool result = false;
+  meet(rank, [&] { flags_[static_cast<std::size_t>(rank)] = flag; }, [&] {
+    any_ = std::find(flags_.begin(), flags_.end(), true) != flags_.end();
+    return std::optional<std::string>();
+  });
+  // Read before this rank can arrive at the next collective, the only one that rewrites it.
+  std::lock_guard lock(mutex_);
+  result = any_;
+  return result;
+}
+
+void ThreadRoom::meet(int rank, const std::function<void()>& deposit,
+                      const std::function<std::optional<std::string>()>& complete) {
+  std::unique_lock lock(mutex_);
+  if (aborted_) throw CommunicationError(*aborted_);
+  const long generation = generation_;
+  deposit();
+  present_[static_cast<std::size_t>(rank)] = true;
+  if (++arrived_ == world_size_) {
+    if (const std::optional<std::string> why = complete()) {
+      lock.unlock();
+      abort(*why);
+      throw CommunicationError(*why);
     }
     arrived_ = 0;
     std::fill(present_.begin(), present_.end(), false);

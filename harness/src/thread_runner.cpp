@@ -81,27 +81,30 @@ RankedRun run_in_threads(const VariantSpec& variant, const scenarios::Scenario& 
   }
   std::mutex input_error_mutex;
   std::optional<std::string> input_error;
-  std::vector<std::thread> threads;
-  threads.reserve(static_cast<std::size_t>(world));
-  for (int rank = 0; rank < world; ++rank) {
-    threads.emplace_back([&, rank] {
-      ThreadCommunicator comm(room, rank);
-      try {
-        out.ranks[static_cast<std::size_t>(rank)] = run_rank(variant, scenario, batches, comm, fault);
-      } catch (const RankExit&) {
-        room->abort(fmt::format("rank {} exited before the run finished", rank));
-      } catch (const CommunicationError&) {
-        // The room already holds the cause, naming the rank that failed.
-      } catch (const scenarios::InvalidInput& error) {
-        std::lock_guard lock(input_error_mutex);
-        if (!input_error) input_error = error.what();
-        room->abort(fmt::format("rank {}: invalid input: {}", rank, error.what()));
-      } catch (const std::exception& error) {
-        room->abort(fmt::format("rank {} threw: {}", rank, first_line(error.what())));
-      }
-    });
+  auto run_one = [&](int rank) {
+    ThreadCommunicator comm(room, rank);
+    try {
+      out.ranks[static_cast<std::size_t>(rank)] = run_rank(variant, scenario, batches, comm, fault);
+    } catch (const RankExit&) {
+      room->abort(fmt::format("rank {} exited before the run finished", rank));
+    } catch (const CommunicationError&) {
+      // The room already holds the cause, naming the rank that failed.
+    } catch (const scenarios::InvalidInput& error) {
+      std::lock_guard lock(input_error_mutex);
+      if (!input_error) input_error = error.what();
+      room->abort(fmt::format("rank {}: invalid input: {}", rank, error.what()));
+    } catch (const std::exception& error) {
+      room->abort(fmt::format("rank {} threw: {}", rank, first_line(error.what())));
+    }
+  };
+  if (world == 1) {
+    run_one(0);  // one rank: no thread to start
+  } else {
+    std::vector<std::thread> threads;
+    threads.reserve(static_cast<std::size_t>(world));
+    for (int rank = 0; rank < world; ++rank) threads.emplace_back(run_one, rank);
+    for (std::thread& t : threads) t.join();
   }
-  for (std::thread& t : threads) t.join();
   if (input_error) throw scenarios::InvalidInput(*input_error);
   out.fault = room->aborted();
   return out;

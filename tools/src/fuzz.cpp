@@ -3,6 +3,7 @@
 #include <fmt/format.h>
 #include <rapidcheck.h>
 
+#include <chrono>
 #include <cstdlib>
 
 #include "gradnorm/harness/determinism.hpp"
@@ -20,6 +21,13 @@ int fuzz_command(const FuzzOptions& options) {
   std::fflush(stdout);
   harness::DeterminismGuard guard;
   namespace p = oracles::properties;
+  // Throughput: every case a property ran (shrinking steps included), over the wall time.
+  long ran = 0;
+  const auto start = std::chrono::steady_clock::now();
+  auto throughput = [&] {
+    const double seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+    fmt::print("{} cases in {:.2f} s: {:.0f} cases per second\n", ran, seconds, ran / seconds);
+  };
   using scenarios::GeneratorOptions;
   bool held = true;
   if (!options.variants.empty()) {
@@ -28,31 +36,40 @@ int fuzz_command(const FuzzOptions& options) {
       for (const harness::VariantSpec& v : harness::select_variants(pattern)) names.push_back(v.name);
     }
     for (const std::string& name : names) {
-      held &= rc::check(name + " agrees where its reference does, on one device", [name] {
+      held &= rc::check(name + " agrees where its reference does, on one device", [name, &ran] {
+        ++ran;
         p::agrees_where_reference_does(name, *scenarios::single_device_scenarios());
       });
-      held &= rc::check(name + " agrees where its reference does, on ragged ranks", [name] {
+      held &= rc::check(name + " agrees where its reference does, on ragged ranks", [name, &ran] {
+        ++ran;
         p::agrees_where_reference_does(name, *scenarios::ragged_rank_scenarios());
       });
     }
+    throughput();
     fmt::print("{}\n", held ? "every property held" : "a property failed: see the counter-example above");
     return held ? 0 : 1;
   }
-  held &= rc::check("baseline agrees with the oracle on one device", [] {
+  held &= rc::check("baseline agrees with the oracle on one device", [&ran] {
+    ++ran;
     p::baseline_agrees_with_the_oracle(*scenarios::single_device_scenarios());
   });
-  held &= rc::check("skip agrees on one device when every micro-batch holds a token", [] {
+  held &= rc::check("skip agrees on one device when every micro-batch holds a token", [&ran] {
+    ++ran;
     p::skip_agrees_on_one_device(*scenarios::single_device_scenarios(GeneratorOptions{.min_count = 1}));
   });
-  held &= rc::check("a dropped scale pass is flagged exactly when W/N != 1", [] {
+  held &= rc::check("a dropped scale pass is flagged exactly when W/N != 1", [&ran] {
+    ++ran;
     p::dropped_scale_flagged_exactly_when_visible(*scenarios::ragged_rank_scenarios());
   });
-  held &= rc::check("token weights follow the arithmetic on ragged ranks", [] {
+  held &= rc::check("token weights follow the arithmetic on ragged ranks", [&ran] {
+    ++ran;
     p::token_weights_follow_the_arithmetic(*scenarios::ragged_rank_scenarios());
   });
-  held &= rc::check("skip passes iff ranks are balanced", [] {
+  held &= rc::check("skip passes iff ranks are balanced", [&ran] {
+    ++ran;
     p::skip_passes_iff_ranks_are_balanced(*scenarios::ragged_rank_scenarios());
   });
+  throughput();
   fmt::print("{}\n", held ? "every property held" : "a property failed: see the counter-example above");
   return held ? 0 : 1;
 }

@@ -7,6 +7,7 @@
 
 #include <chrono>
 #include <condition_variable>
+#include <functional>
 #include <map>
 #include <memory>
 #include <mutex>
@@ -34,7 +35,7 @@ class Communicator {
   virtual void barrier() = 0;
   // Every rank learns whether any rank reported `failed` (an all-reduce of a flag), so a
   // rank whose step raised does not leave its peers waiting in the next collective.
-  [[nodiscard]] bool any(bool failed);
+  [[nodiscard]] virtual bool any(bool failed);
   // What a report says about the transport: "solo", "threads", "gloo".
   [[nodiscard]] virtual std::string kind() const = 0;
   // The communicator among `ranks` (ascending world ranks, this one among them), for a
@@ -64,6 +65,8 @@ class ThreadRoom {
   // its subrooms; a subroom that times out aborts this room.
   [[nodiscard]] std::shared_ptr<ThreadRoom> subroom(const std::vector<int>& ranks);
   void all_reduce_sum(int rank, std::vector<at::Tensor>& tensors);
+  // Whether any rank passed true: the same meeting with a flag instead of tensors.
+  [[nodiscard]] bool any(int rank, bool flag);
   // Wakes every waiting rank with CommunicationError(why); later collectives throw at once.
   void abort(const std::string& why);
   [[nodiscard]] std::optional<std::string> aborted() const;
@@ -74,6 +77,11 @@ class ThreadRoom {
   // Why the deposited tensor lists cannot be summed (count, dtype or shape), if they cannot;
   // with the mutex held.
   [[nodiscard]] std::optional<std::string> mismatch() const;
+  // Every collective: each rank deposits (with the mutex held) and waits; the last to arrive
+  // runs `complete`, which may return why the collective cannot complete (the run is then
+  // aborted), and releases them all.
+  void meet(int rank, const std::function<void()>& deposit,
+            const std::function<std::optional<std::string>()>& complete);
 
   const int world_size_;
   const std::chrono::milliseconds timeout_;
@@ -84,6 +92,8 @@ class ThreadRoom {
   std::condition_variable arrived_cv_;
   std::vector<std::vector<at::Tensor>*> deposits_;
   std::vector<bool> present_;
+  std::vector<bool> flags_ = std::vector<bool>(static_cast<std::size_t>(world_size_), false);
+  bool any_ = false;
   int arrived_ = 0;
   long generation_ = 0;
   std::optional<std::string> aborted_;
@@ -95,6 +105,7 @@ class ThreadCommunicator final : public Communicator {
   int rank() const override { return rank_; }
   int world_size() const override { return room_->world_size(); }
   void all_reduce_sum(std::vector<at::Tensor>& tensors) override { room_->all_reduce_sum(rank_, tensors); }
+  bool any(bool failed) override;
   void barrier() override {
     std::vector<at::Tensor> none;
     room_->all_reduce_sum(rank_, none);
