@@ -1,5 +1,7 @@
 #include "bench.hpp"
 
+#include <ATen/ATen.h>
+
 #include <fmt/format.h>
 #include <sys/resource.h>
 #include <sys/wait.h>
@@ -12,6 +14,8 @@
 #include <fstream>
 
 #include "gradnorm/harness/determinism.hpp"
+#include "gradnorm/harness/model.hpp"
+#include "gradnorm/harness/variant.hpp"
 #include "gradnorm/harness/runner.hpp"
 #include "gradnorm/scenarios/catalogue.hpp"
 #include "process_supervisor.hpp"
@@ -172,6 +176,86 @@ int python_bench_command(const std::string& python_variant, const std::string& c
                s.steps, c, p, (p - c) / s.steps, p / c);
   }
   fmt::print("\noverhead ms is per optimizer step of the whole run (every rank together).\n");
+  return 0;
+}
+
+namespace {
+
+// Median seconds of `body` over `repeat` runs, after one warm-up run.
+template <typename Body>
+double median_seconds(int repeat, Body&& body) {
+  body();
+  std::vector<double> seconds;
+  for (int i = 0; i < repeat; ++i) {
+    const auto start = std::chrono::steady_clock::now();
+    body();
+    seconds.push_back(std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count());
+  }
+  return median(seconds);
+}
+
+}  // namespace
+
+int scale_pass_bench_command(long max_elements, int repeat) {
+  harness::DeterminismGuard guard;  // one intra-op thread, as every run of the harness
+  fmt::print("gradnorm bench --scale-pass: p.grad *= scaler over every gradient (the pass the "
+             "pull request skips),\nmedian of {} runs, one thread. \"copy\" is a tensor copy "
+             "of the same size: the pass reads and writes each\nelement once, as a copy does, "
+             "so their ratio says how close the pass is to memory bandwidth.\n\n",
+             repeat);
+  fmt::print("{:>14} {:<9} {:>11} {:>11} {:>12} {:>9} {:>18}\n", "elements", "dtype", "scale ms",
+             "copy ms", "scale GB/s", "scale/copy", "ms per 10^9 elems");
+  for (long n = 1'000'000; n <= max_elements; n *= 10) {
+    for (const c10::ScalarType dtype : {at::kFloat, at::kBFloat16}) {
+      // Parameter-sized pieces, as a model's gradients are: 1,000 tensors, or fewer when small.
+      const long pieces = std::min<long>(1000, n / 1000);
+      std::vector<at::Tensor> grads;
+      for (long i = 0; i < pieces; ++i) grads.push_back(at::ones({n / pieces}, at::TensorOptions().dtype(dtype)));
+      std::vector<at::Tensor> targets;
+      for (const at::Tensor& g : grads) targets.push_back(at::empty_like(g));
+      const at::Tensor scaler = at::scalar_tensor(1.0f, at::kFloat);  // exact: the data stays 1
+      const double scale = median_seconds(repeat, [&] {
+        for (at::Tensor& g : grads) g.mul_(scaler);
+      });
+      const double copy = median_seconds(repeat, [&] {
+        for (std::size_t i = 0; i < grads.size(); ++i) targets[i].copy_(grads[i]);
+      });
+      const double bytes = 2.0 * static_cast<double>(n) * static_cast<double>(c10::elementSize(dtype));
+      fmt::print("{:>14} {:<9} {:>11.3f} {:>11.3f} {:>12.1f} {:>9.2f} {:>18.1f}\n", n,
+                 dtype == at::kFloat ? "float32" : "bfloat16", scale * 1e3, copy * 1e3,
+                 bytes / scale / 1e9, scale / copy, scale * 1e3 * 1e9 / static_cast<double>(n));
+    }
+  }
+  // A full step of the built-in causal LM, for scale: the pass against everything else.
+  fmt::print("\nAgainst a whole optimizer step (forward, backward, scale pass, SGD) of the built-in "
+             "causal LM, one rank, one micro-batch of 4 x 128 tokens, vocab 2048:\n");
+  fmt::print("{:>8} {:>12} {:>12} {:>12} {:>14}\n", "hidden", "parameters", "step ms", "scale ms",
+             "scale / step");
+  for (const int hidden : {256, 512, 1024}) {
+    scenarios::Scenario s;
+    s.name = fmt::format("bench/scale-pass/h{}", hidden);
+    s.vocab_size = 2048;
+    s.hidden_size = hidden;
+    s.micro_batch_size = 4;
+    s.sequence_length = 129;
+    s.valid_tokens = {{4 * 128}};
+    s.dtype = scenarios::DType::float32;
+    const harness::VariantSpec& baseline = harness::find_variant("baseline");
+    const double step = median_seconds(repeat, [&] { (void)harness::run_single_device(baseline, s); });
+    const std::unique_ptr<harness::Model> model = harness::make_model(s, harness::model_config_for(baseline, s));
+    long parameters = 0;
+    std::vector<at::Tensor> grads;
+    for (const at::Tensor& p : model->trainable_tensors()) {
+      parameters += p.numel();
+      grads.push_back(at::ones_like(p).detach());
+    }
+    const at::Tensor scaler = at::scalar_tensor(1.0f, at::kFloat);
+    const double scale = median_seconds(repeat, [&] {
+      for (at::Tensor& g : grads) g.mul_(scaler);
+    });
+    fmt::print("{:>8} {:>12} {:>12.2f} {:>12.3f} {:>13.2f}%\n", hidden, parameters, step * 1e3,
+               scale * 1e3, 100.0 * scale / step);
+  }
   return 0;
 }
 

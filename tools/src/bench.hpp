@@ -15,6 +15,12 @@ struct BenchOptions {
 
 int bench_command(const BenchOptions& options);
 
+// What the pull request's skip saves: the scale pass (p.grad *= scaler over every gradient)
+// timed on parameter sets of 10^6 to `max_elements` elements in float32 and bfloat16, against
+// a copy of the same size (this machine's memory bandwidth) and a full optimizer step of
+// the built-in causal LM of the same size.
+int scale_pass_bench_command(long max_elements, int repeat);
+
 // The per-step cost of a Python step against its C++ counterpart, ranks as threads on the
 // same scenarios, runs alternating; `startup_seconds` is what loading the step cost (the
 // interpreter's start and `import torch` included, when it was the first).

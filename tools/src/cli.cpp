@@ -523,6 +523,11 @@ int run_command_line(int argc, char** argv) {
   PythonStepOptions bench_python_step;
   add_python_step_options(*bench, bench_python_step);
   std::string bench_against;
+  long scale_pass_max = 0;
+  bench->add_option("--scale-pass", scale_pass_max,
+                    "time the scale pass the pull request skips, on 10^6 up to this many "
+                    "gradient elements (e.g. 1000000000), against a copy and a whole step")
+      ->check(CLI::Range(1'000'000L, 4'000'000'000L));
   bench->add_option("--against", bench_against,
                     "with --python-step: the C++ variant to time it against (default: "
                     "--findings-of, else --reference)");
@@ -554,6 +559,7 @@ int run_command_line(int argc, char** argv) {
     if (*show) return show_command(show_name, show_files);
     if (*explain) return explain_command(explain_name, explain_variants, explain_files);
     if (*bench) {
+      if (scale_pass_max > 0) return tools::scale_pass_bench_command(scale_pass_max, bench_options.repeat);
       if (bench_python_step.source.empty()) return tools::bench_command(bench_options);
       const auto start = std::chrono::steady_clock::now();
       const std::vector<std::string> declared = declare_steps(bench_python_step, {});
