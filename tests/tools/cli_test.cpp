@@ -464,5 +464,26 @@ TEST(PythonCli, ExportRefusesScenarioNamesThatLeaveTheOutputFolder) {
   EXPECT_FALSE(std::filesystem::exists(out));
 }
 
+
+// Smoke runs of the speed commands: they print their tables (figures unchecked).
+TEST(Cli, ScalePassBenchAndStreamRun) {
+  const std::vector<std::string> bench = {"bench", "--scale-pass", "1000000", "--repeat", "1"};
+  const CliResult b = run_cli(bench);
+  EXPECT_EQ(b.exit_code, 0) << explain(bench, b);
+  EXPECT_TRUE(contains(b.output, "1000000 bfloat16")) << explain(bench, b);
+  EXPECT_TRUE(contains(b.output, "scale / step")) << explain(bench, b);
+  TemporaryDirectory folder;
+  const std::string file = (folder.path() / "stream.toml").string();
+  const std::vector<std::string> stream = {"stream", "--cases", "20", "--seed", "4", "--out", file};
+  EXPECT_EQ(run_cli(stream).exit_code, 0);
+  const std::vector<std::string> again = {"stream", "--cases", "20", "--seed", "4"};
+  EXPECT_EQ(run_cli(again).output, read_file(file));  // the same seed, the same stream
+  const std::vector<std::string> other = {"stream", "--cases", "20", "--seed", "5"};
+  EXPECT_NE(run_cli(other).output, read_file(file));  // and the comparison can fail
+  const std::vector<std::string> judged = {"run", "-f", file, "-v", "baseline", "-q"};
+  const CliResult r = run_cli(judged);
+  EXPECT_TRUE(contains(r.output, "20 rows")) << explain(judged, r);
+}
+
 }  // namespace
 }  // namespace gradnorm
