@@ -3,7 +3,13 @@
 #include <ATen/ATen.h>
 #include <ATen/CPUGeneratorImpl.h>
 
+#include <fmt/format.h>
+
 #include <algorithm>
+#include <deque>
+#include <mutex>
+#include <optional>
+#include <string>
 
 namespace gradnorm::harness {
 namespace {
@@ -63,7 +69,59 @@ c10::ScalarType scalar_type(scenarios::DType dtype) {
   TORCH_INTERNAL_ASSERT(false, "harness bug: unhandled dtype");
 }
 
+namespace {
+
+// Recent micro-batches, by everything that decides them: every variant of a scenario, and
+// its oracle, reads the same batches, so each is drawn once and handed out as copies.
+class BatchCache {
+ public:
+  std::optional<MicroBatch> find(const std::string& key) {
+    std::lock_guard lock(mutex_);
+    for (const auto& [k, batch] : entries_) {
+      if (k == key) return copy(batch);
+    }
+    return std::nullopt;
+  }
+  void store(const std::string& key, const MicroBatch& batch) {
+    std::lock_guard lock(mutex_);
+    entries_.emplace_back(key, copy(batch));
+    if (entries_.size() > kEntries) entries_.pop_front();
+  }
+
+ private:
+  // A step may write into its batch; the cache's own tensors are never handed out.
+  static MicroBatch copy(const MicroBatch& b) {
+    return MicroBatch{b.inputs.clone(), b.labels.clone(), b.valid_count};
+  }
+  static constexpr std::size_t kEntries = 256;  // a few scenarios' windows
+  std::mutex mutex_;
+  std::deque<std::pair<std::string, MicroBatch>> entries_;
+};
+
+BatchCache& batch_cache() {
+  static BatchCache cache;
+  return cache;
+}
+
+MicroBatch draw_micro_batch(const scenarios::Scenario& s, int rank, int step, int micro);
+
+}  // namespace
+
 MicroBatch make_micro_batch(const scenarios::Scenario& s, int rank, int step, int micro) {
+  const std::string key = fmt::format(
+      "{} {} {} {} {} {} {} {} {} {} {} {} {}", s.seed, static_cast<int>(s.model),
+      static_cast<int>(s.dtype), s.micro_batch_size, s.sequence_length, s.vocab_size,
+      s.hidden_size, static_cast<int>(s.mask), s.accumulation_steps,
+      s.valid_tokens.at(rank).at(micro), rank, step, micro);
+  if (std::optional<MicroBatch> cached = batch_cache().find(key)) return std::move(*cached);
+  MicroBatch out = draw_micro_batch(s, rank, step, micro);
+  batch_cache().store(key, out);
+  return out;
+}
+
+namespace {
+
+MicroBatch draw_micro_batch(const scenarios::Scenario& s, int rank, int step, int micro) {
   at::Generator generator = at::detail::createCPUGenerator(
       derive_seed(s.seed, {static_cast<std::uint64_t>(rank), static_cast<std::uint64_t>(step),
                            static_cast<std::uint64_t>(micro)}));
@@ -101,6 +159,8 @@ MicroBatch make_micro_batch(const scenarios::Scenario& s, int rank, int step, in
                         "harness bug: micro-batch holds the wrong number of valid labels");
   return out;
 }
+
+}  // namespace
 
 MicroBatch make_mesh_micro_batch(const scenarios::Scenario& s, int rank, int step, int micro) {
   if (!s.has_mesh()) return make_micro_batch(s, rank, step, micro);

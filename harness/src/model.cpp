@@ -5,6 +5,12 @@
 #include <ATen/CPUGeneratorImpl.h>
 
 #include <cmath>
+#include <deque>
+#include <exception>
+#include <mutex>
+#include <optional>
+
+#include <fmt/format.h>
 
 namespace gradnorm::harness {
 namespace {
@@ -32,16 +38,71 @@ class ZooModel final : public Model {
   std::vector<Parameter> parameters_;
 };
 
+// The float64 draws of recent models, by everything that decides them: every rank of every
+// variant of a scenario starts from the same draws, so they are drawn once and copied.
+class DrawCache {
+ public:
+  // The draws for `key`, or null; a miss is filled by `store` afterwards.
+  std::shared_ptr<const std::vector<at::Tensor>> find(const std::string& key) {
+    std::lock_guard lock(mutex_);
+    for (const auto& [k, draws] : entries_) {
+      if (k == key) return draws;
+    }
+    return nullptr;
+  }
+  void store(const std::string& key, std::vector<at::Tensor> draws) {
+    std::lock_guard lock(mutex_);
+    entries_.emplace_back(key, std::make_shared<const std::vector<at::Tensor>>(std::move(draws)));
+    if (entries_.size() > kEntries) entries_.pop_front();
+  }
+
+ private:
+  static constexpr std::size_t kEntries = 32;  // a few scenarios' models, a few MiB at most
+  std::mutex mutex_;
+  std::deque<std::pair<std::string, std::shared_ptr<const std::vector<at::Tensor>>>> entries_;
+};
+
+DrawCache& draw_cache() {
+  static DrawCache cache;
+  return cache;
+}
+
 ZooModel::ZooModel(const scenarios::Scenario& s, ModelConfig config) : config_(config) {
-  at::Generator generator = at::detail::createCPUGenerator(
-      derive_seed(s.seed, {config.teacher ? kTeacherStream : kModelStream}));
   const long vocab = s.vocab_size;
   const long hidden = s.hidden_size;
   const long rank = s.lora_rank;
   const c10::ScalarType dtype = scalar_type(s.dtype);
+  const std::string key = fmt::format("{} {} {} {} {} {} {} {} {}", s.seed, config.teacher,
+                                      static_cast<int>(config.base), config.lora, vocab, hidden,
+                                      rank, s.world_size * s.accumulation_steps,
+                                      s.micro_batch_size * s.sequence_length);
+  const std::shared_ptr<const std::vector<at::Tensor>> cached = draw_cache().find(key);
+  std::vector<at::Tensor> drawn;
+  std::optional<at::Generator> generator;
+  if (!cached) {
+    generator = at::detail::createCPUGenerator(
+        derive_seed(s.seed, {config.teacher ? kTeacherStream : kModelStream}));
+  }
+  struct StoreOnExit {
+    const std::string& key;
+    std::vector<at::Tensor>& drawn;
+    bool hit;
+    ~StoreOnExit() {
+      // Only a complete draw: a constructor that threw leaves nothing behind.
+      if (!hit && !drawn.empty() && std::uncaught_exceptions() == 0) draw_cache().store(key, drawn);
+    }
+  } store_on_exit{key, drawn, cached != nullptr};
   auto draw = [&](std::string name, at::IntArrayRef shape, double scale, bool trainable) {
     trainable = trainable && !config.teacher;
-    at::Tensor value = (at::randn(shape, generator, at::kDouble) * scale).to(dtype);
+    at::Tensor exact;
+    if (cached) {
+      exact = (*cached)[drawn.size()];
+    } else {
+      exact = at::randn(shape, *generator, at::kDouble) * scale;
+    }
+    drawn.push_back(exact);
+    // Always a copy: the model trains its parameters in place, the cache must not change.
+    at::Tensor value = exact.to(dtype, /*non_blocking=*/false, /*copy=*/true);
     value.set_requires_grad(trainable);
     parameters_.push_back(Parameter{std::move(name), value, trainable});
   };
