@@ -488,6 +488,14 @@ TEST(Cli, ScalePassBenchAndStreamRun) {
   EXPECT_EQ(run_cli(again).output, read_file(file));  // the same seed, the same stream
   const std::vector<std::string> other = {"stream", "--cases", "20", "--seed", "5"};
   EXPECT_NE(run_cli(other).output, read_file(file));  // and the comparison can fail
+  // One measurement of the growth table, on a generated scenario, as threads and processes.
+  for (const char* launcher : {"threads", "processes"}) {
+    const std::string out = (folder.path() / (std::string(launcher) + ".txt")).string();
+    const std::vector<std::string> one = {"bench-one", launcher, "2", "1", out, "2", "64"};
+    const CliResult measured = run_cli(one);
+    EXPECT_EQ(measured.exit_code, 0) << explain(one, measured);
+    EXPECT_FALSE(read_file(out).empty()) << launcher;
+  }
   const std::vector<std::string> judged = {"run", "-f", file, "-v", "baseline", "-q"};
   const CliResult r = run_cli(judged);
   EXPECT_TRUE(contains(r.output, "20 rows")) << explain(judged, r);

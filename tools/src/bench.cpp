@@ -3,11 +3,13 @@
 #include <ATen/ATen.h>
 
 #include <fmt/format.h>
+#include <fmt/ranges.h>
 #include <sys/resource.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
 #include <algorithm>
+#include <array>
 #include <chrono>
 #include <cstdio>
 #include <filesystem>
@@ -43,13 +45,18 @@ struct Measurement {
   bool ok = false;
 };
 
-Measurement measure(const std::string& launcher, int ranks, int repeat) {
+Measurement measure(const std::string& launcher, int ranks, int repeat, int accumulation = 0,
+                    int length = 0) {
   char path[] = "/tmp/gradnorm-bench-XXXXXX";
   const int fd = mkstemp(path);
   if (fd >= 0) close(fd);
   const std::string program = std::filesystem::read_symlink("/proc/self/exe").string();
   std::vector<std::string> args{program, "bench-one", launcher, std::to_string(ranks),
                                 std::to_string(repeat), path};
+  if (accumulation > 0) {
+    args.push_back(std::to_string(accumulation));
+    args.push_back(std::to_string(length));
+  }
   std::vector<char*> argv;
   for (std::string& a : args) argv.push_back(a.data());
   argv.push_back(nullptr);
@@ -76,8 +83,42 @@ Measurement measure(const std::string& launcher, int ranks, int repeat) {
 
 }  // namespace
 
-int bench_one_command(const std::string& launcher, int ranks, int repeat, const std::string& out_path) {
-  const scenarios::Scenario& s = scenarios::find_scenario(scenario_for(ranks));
+// The growth tables' scenario: W ranks, A micro-batches of one sequence of T labels, ragged
+// counts (rank r holds about (r + 1) / W of T), the stream's tiny causal LM in float32.
+scenarios::Scenario growth_scenario(int ranks, int accumulation, int length) {
+  scenarios::Scenario s;
+  s.name = fmt::format("bench/W{}-A{}-T{}", ranks, accumulation, length);
+  s.world_size = ranks;
+  s.accumulation_steps = accumulation;
+  s.micro_batch_size = 1;
+  s.sequence_length = length + 1;
+  s.vocab_size = 32;
+  s.hidden_size = 16;
+  s.seed = 7;
+  s.valid_tokens.assign(static_cast<std::size_t>(ranks), std::vector<int>(static_cast<std::size_t>(accumulation)));
+  for (int r = 0; r < ranks; ++r) {
+    for (int m = 0; m < accumulation; ++m) {
+      s.valid_tokens[static_cast<std::size_t>(r)][static_cast<std::size_t>(m)] =
+          std::max(1, static_cast<int>(static_cast<long>(length) * (r + 1) / ranks));
+    }
+  }
+  scenarios::validate(s);
+  return s;
+}
+
+int bench_one_command(const std::string& launcher, int ranks, int repeat, const std::string& out_path,
+                      int accumulation, int length) {
+  const scenarios::Scenario s = accumulation > 0 ? growth_scenario(ranks, accumulation, length)
+                                                 : scenarios::find_scenario(scenario_for(ranks));
+  // Rank processes find a generated scenario in a file of its own.
+  std::string scenario_file;
+  if (accumulation > 0 && launcher == "processes") {
+    scenario_file = out_path + ".toml";
+    std::ofstream(scenario_file) << fmt::format(
+        "[[scenario]]\nname = \"{}\"\nseed = {}\nvalid_tokens = {}\nmicro_batch_size = 1\n"
+        "sequence_length = {}\nvocab_size = 32\nhidden_size = 16\n",
+        s.name, s.seed, fmt::format("{}", s.valid_tokens), s.sequence_length);
+  }
   const harness::VariantSpec& baseline = harness::find_variant("baseline");
   std::vector<double> seconds;
   for (int i = 0; i < repeat; ++i) {
@@ -90,7 +131,11 @@ int bench_one_command(const std::string& launcher, int ranks, int repeat, const 
       const int code = supervise(SupervisorOptions{
           .processes = ranks,
           .timeout = std::chrono::seconds(60),
-          .rank_arguments = {"run", "--launcher", "env", "-s", s.name, "-v", "baseline", "-q"},
+          .rank_arguments = scenario_file.empty()
+                                ? std::vector<std::string>{"run", "--launcher", "env", "-s", s.name,
+                                                           "-v", "baseline", "-q"}
+                                : std::vector<std::string>{"run", "--launcher", "env", "-f",
+                                                           scenario_file, "-v", "baseline", "-q"},
           .rank0_prints = false});
       if (code != 0) return code;
     }
@@ -101,6 +146,7 @@ int bench_one_command(const std::string& launcher, int ranks, int repeat, const 
   getrusage(RUSAGE_CHILDREN, &children);
   std::ofstream(out_path) << seconds[seconds.size() / 2] << " " << seconds.front() << " "
                           << children.ru_maxrss << "\n";
+  if (!scenario_file.empty()) std::remove(scenario_file.c_str());
   return 0;
 }
 
@@ -257,6 +303,38 @@ int scale_pass_bench_command(long max_elements, int repeat) {
                scale * 1e3, 100.0 * scale / step);
   }
   return 0;
+}
+
+int growth_bench_command(int repeat) {
+  fmt::print("gradnorm bench --growth: seconds and peak memory per case (one optimizer step of "
+             "baseline, its\nmodel and batches built), median of {} runs, each configuration in a "
+             "fresh process; process\nruns include starting every rank. Causal LM, vocab 32, "
+             "hidden 16, float32, ragged counts.\n",
+             repeat);
+  bool all_ok = true;
+  auto table = [&](const char* title, const std::vector<std::array<int, 3>>& shapes) {
+    fmt::print("\n{}\n{:<10} {:>4} {:>4} {:>6} {:>12} {:>14} {:>16}\n", title, "launcher", "W",
+               "A", "T", "median s", "s per token", "peak RSS MiB");
+    for (const char* launcher : {"threads", "processes"}) {
+      for (const auto& [w, a, t] : shapes) {
+        if (std::string(launcher) == "processes" && w > 16) continue;  // 2 cores: minutes each
+        const Measurement m = measure(launcher, w, repeat, a, t);
+        all_ok = all_ok && m.ok;
+        if (!m.ok) {
+          fmt::print("{:<10} {:>4} {:>4} {:>6} failed\n", launcher, w, a, t);
+          continue;
+        }
+        const double tokens = static_cast<double>(growth_scenario(w, a, t).global_token_count());
+        fmt::print("{:<10} {:>4} {:>4} {:>6} {:>12.4f} {:>14.3g} {:>16.0f}\n", launcher, w, a, t,
+                   m.median_seconds, m.median_seconds / tokens, m.peak_kib / 1024.0);
+      }
+    }
+  };
+  table("world size (A = 1, T = 64):", {{1, 1, 64}, {2, 1, 64}, {4, 1, 64}, {8, 1, 64}, {16, 1, 64},
+                                         {32, 1, 64}, {64, 1, 64}});
+  table("sequence length (W = 2, A = 1):", {{2, 1, 64}, {2, 1, 256}, {2, 1, 1024}, {2, 1, 4096}});
+  table("accumulation (W = 2, T = 64):", {{2, 1, 64}, {2, 2, 64}, {2, 4, 64}, {2, 8, 64}, {2, 16, 64}});
+  return all_ok ? 0 : 1;
 }
 
 }  // namespace gradnorm::tools

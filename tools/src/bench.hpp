@@ -29,6 +29,13 @@ int python_bench_command(const std::string& python_variant, const std::string& c
 
 // One measurement in a fresh process (so its peak memory is its own): runs the catalogue
 // scenario with `ranks` ranks `repeat` times and writes "median min" seconds to `out_path`.
-int bench_one_command(const std::string& launcher, int ranks, int repeat, const std::string& out_path);
+// With `accumulation` > 0, a generated scenario of `ranks` ranks, `accumulation` micro-batches
+// and sequences of `length` labels instead of the catalogue's.
+int bench_one_command(const std::string& launcher, int ranks, int repeat, const std::string& out_path,
+                      int accumulation = 0, int length = 0);
+
+// How cost grows with world size (1..64), sequence length (64..4096) and accumulation
+// (1..16), for threads and Gloo processes: seconds and peak memory per case.
+int growth_bench_command(int repeat);
 
 }  // namespace gradnorm::tools

@@ -539,6 +539,13 @@ int run_command_line(int argc, char** argv) {
   bench_one->add_option("ranks", one_ranks)->required();
   bench_one->add_option("repeat", one_repeat)->required();
   bench_one->add_option("out", one_out)->required();
+  int one_accumulation = 0, one_length = 0;
+  bench_one->add_option("accumulation", one_accumulation);
+  bench_one->add_option("length", one_length);
+  bool bench_growth = false;
+  bench->add_flag("--growth", bench_growth,
+                  "tabulate time and peak memory per case against world size, sequence length "
+                  "and accumulation, threads and processes");
 
   // --nproc W alone means ranks as W Gloo processes: one flag from threads to processes.
   run->callback([&] {
@@ -560,6 +567,7 @@ int run_command_line(int argc, char** argv) {
     if (*explain) return explain_command(explain_name, explain_variants, explain_files);
     if (*bench) {
       if (scale_pass_max > 0) return tools::scale_pass_bench_command(scale_pass_max, bench_options.repeat);
+      if (bench_growth) return tools::growth_bench_command(bench_options.repeat);
       if (bench_python_step.source.empty()) return tools::bench_command(bench_options);
       const auto start = std::chrono::steady_clock::now();
       const std::vector<std::string> declared = declare_steps(bench_python_step, {});
@@ -581,7 +589,10 @@ int run_command_line(int argc, char** argv) {
       if (fuzz_options.variants.empty()) fuzz_options.variants = declared;
       return tools::fuzz_command(fuzz_options);
     }
-    if (*bench_one) return tools::bench_one_command(one_launcher, one_ranks, one_repeat, one_out);
+    if (*bench_one) {
+      return tools::bench_one_command(one_launcher, one_ranks, one_repeat, one_out,
+                                      one_accumulation, one_length);
+    }
   } catch (const scenarios::InvalidInput& error) {
     fmt::print(stderr, "gradnorm: {}\n", error.what());
     return kExitUsage;
