@@ -661,5 +661,19 @@ TEST(PythonStepProcesses, AStepThatSwallowsTheInterruptStillEndsTheRun) {
   }
 }
 
+
+// A rank that exits 0 before finishing (C's _exit, past every Python guard) fails the run.
+TEST(PythonStepProcesses, ARankThatExitsZeroEarlyFailsTheRun) {
+  const std::vector<std::string> args = {"run", "--python-step", kPythonSteps + "c_exit.py", "-s",
+                                         "dist/5-3/float32", "--nproc", "2", "--timeout", "30"};
+  EnvironmentChanges env = marked_environment();
+  env.set["PYTHONPATH"] = kPythonExamples;
+  const ProcessResult r = run_cli(args, env);
+  EXPECT_EQ(r.exit_code, kExitRankFailed) << describe(args, env, r);
+  EXPECT_TRUE(contains(r.err, "rank 1 exited with status 0: exited before finishing its run"))
+      << describe(args, env, r);
+  EXPECT_TRUE(no_process_carries(env.set.at(kMarkerKey)));
+}
+
 }  // namespace
 }  // namespace gradnorm

@@ -306,10 +306,15 @@ int run_command(const RunOptions& options, int argc, char** argv) {
     evaluate_options.transport = transport.get();
     const oracles::Evaluation evaluation =
         oracles::evaluate(scenario_list, variant_list, evaluate_options);
-    if (rendezvous.rank != 0) return kExitAsExpected;  // rank 0 reports for everyone
+    if (rendezvous.rank != 0) {  // rank 0 reports for everyone
+      tools::write_rank_done(rendezvous.rank);
+      return kExitAsExpected;
+    }
     harness::RunSettings settings = guard.settings();
     settings.transport = fmt::format("{} processes x {}", options.backend, rendezvous.world_size);
-    return report(evaluation, options, settings);
+    const int code = report(evaluation, options, settings);
+    if (code == kExitAsExpected || code == kExitUnexpected) tools::write_rank_done(0);
+    return code;
   }
 
   harness::DeterminismGuard guard;

@@ -56,6 +56,12 @@ void write_rank_status(int rank, const std::string& cause) {
   std::ofstream(std::filesystem::path(dir) / fmt::format("status.{}", rank)) << cause << "\n";
 }
 
+void write_rank_done(int rank) {
+  const char* dir = std::getenv("GRADNORM_STATUS_DIR");
+  if (dir == nullptr || *dir == '\0') return;
+  std::ofstream(std::filesystem::path(dir) / fmt::format("done.{}", rank)) << "done\n";
+}
+
 int supervise(const SupervisorOptions& options) {
   char pattern[] = "/tmp/gradnorm-ranks-XXXXXX";
   if (mkdtemp(pattern) == nullptr) {
@@ -143,12 +149,24 @@ int supervise(const SupervisorOptions& options) {
     ++finished;
     return true;
   };
+  // A rank that exits 0 (or rank 0 with 1, unexpected verdicts) must have said it finished:
+  // code that ends a rank early with exit(0) must not read as a complete run.
+  auto finished_its_run = [&](std::size_t rank) {
+    return std::filesystem::exists(folder / fmt::format("done.{}", rank));
+  };
   auto clean = [&](std::size_t rank) {
     const int raw = *status[rank];
-    return WIFEXITED(raw) && (WEXITSTATUS(raw) == 0 || (rank == 0 && WEXITSTATUS(raw) <= 2));
+    if (!WIFEXITED(raw)) return false;
+    const int code = WEXITSTATUS(raw);
+    if (code == 0 || (rank == 0 && code == 1)) return finished_its_run(rank);
+    return rank == 0 && code == 2;
   };
   auto cause_of = [&](std::size_t rank) {
     std::string cause = read_first_line(folder / fmt::format("status.{}", rank));
+    if (cause.empty() && WIFEXITED(*status[rank]) && WEXITSTATUS(*status[rank]) <= 1 &&
+        !finished_its_run(rank)) {
+      return std::string("exited before finishing its run, with no message");
+    }
     return cause.empty() ? std::string("no message (the process vanished)") : cause;
   };
   // A rank that failed inside a collective is usually a victim; the culprit threw, vanished

@@ -26,5 +26,8 @@ int supervise(const SupervisorOptions& options);
 
 // Where a failing rank leaves its one-line cause for the supervisor ($GRADNORM_STATUS_DIR).
 void write_rank_status(int rank, const std::string& cause);
+// A rank process that finished its run says so (GRADNORM_STATUS_DIR): the supervisor takes
+// exit 0 without it for a rank that ended early.
+void write_rank_done(int rank);
 
 }  // namespace gradnorm::tools
