@@ -1,4 +1,5 @@
 #include "gradnorm/harness/batch.hpp"
+#include "recent_cache.hpp"
 
 #include <ATen/ATen.h>
 #include <ATen/CPUGeneratorImpl.h>
@@ -6,8 +7,6 @@
 #include <fmt/format.h>
 
 #include <algorithm>
-#include <deque>
-#include <mutex>
 #include <optional>
 #include <string>
 
@@ -72,36 +71,14 @@ c10::ScalarType scalar_type(scenarios::DType dtype) {
 namespace {
 
 // Recent micro-batches, by everything that decides them: every variant of a scenario, and
-// its oracle, reads the same batches, so each is drawn once and handed out as copies.
-class BatchCache {
- public:
-  std::optional<MicroBatch> find(const std::string& key) {
-    std::lock_guard lock(mutex_);
-    for (const auto& [k, batch] : entries_) {
-      if (k == key) return copy(batch);
-    }
-    return std::nullopt;
-  }
-  void store(const std::string& key, const MicroBatch& batch) {
-    std::lock_guard lock(mutex_);
-    entries_.emplace_back(key, copy(batch));
-    if (entries_.size() > kEntries) entries_.pop_front();
-  }
-
- private:
-  // A step may write into its batch; the cache's own tensors are never handed out.
-  static MicroBatch copy(const MicroBatch& b) {
-    return MicroBatch{b.inputs.clone(), b.labels.clone(), b.valid_count};
-  }
-  static constexpr std::size_t kEntries = 256;  // a few scenarios' windows
-  std::mutex mutex_;
-  std::deque<std::pair<std::string, MicroBatch>> entries_;
-};
-
-BatchCache& batch_cache() {
-  static BatchCache cache;
+// its oracle, reads the same batches, so each is drawn once. The cache's own tensors are
+// never handed out: a step may write into its batch. A few scenarios' windows.
+RecentCache<MicroBatch, 256>& batch_cache() {
+  static RecentCache<MicroBatch, 256> cache;
   return cache;
 }
+
+MicroBatch copy_of(const MicroBatch& b) { return MicroBatch{b.inputs.clone(), b.labels.clone(), b.valid_count}; }
 
 MicroBatch draw_micro_batch(const scenarios::Scenario& s, int rank, int step, int micro);
 
@@ -113,9 +90,9 @@ MicroBatch make_micro_batch(const scenarios::Scenario& s, int rank, int step, in
       static_cast<int>(s.dtype), s.micro_batch_size, s.sequence_length, s.vocab_size,
       s.hidden_size, static_cast<int>(s.mask), s.accumulation_steps,
       s.valid_tokens.at(rank).at(micro), rank, step, micro);
-  if (std::optional<MicroBatch> cached = batch_cache().find(key)) return std::move(*cached);
+  if (std::optional<MicroBatch> cached = batch_cache().find(key)) return copy_of(*cached);
   MicroBatch out = draw_micro_batch(s, rank, step, micro);
-  batch_cache().store(key, out);
+  batch_cache().store(key, copy_of(out));
   return out;
 }
 

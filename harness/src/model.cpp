@@ -1,13 +1,12 @@
 #include "gradnorm/harness/model.hpp"
+#include "recent_cache.hpp"
 #include "torchscript_model.hpp"
 
 #include <ATen/ATen.h>
 #include <ATen/CPUGeneratorImpl.h>
 
 #include <cmath>
-#include <deque>
 #include <exception>
-#include <mutex>
 #include <optional>
 
 #include <fmt/format.h>
@@ -39,28 +38,9 @@ class ZooModel final : public Model {
 };
 
 // The float64 draws of recent models, by everything that decides them: every rank of every
-// variant of a scenario starts from the same draws, so they are drawn once and copied.
-class DrawCache {
- public:
-  // The draws for `key`, or null; a miss is filled by `store` afterwards.
-  std::shared_ptr<const std::vector<at::Tensor>> find(const std::string& key) {
-    std::lock_guard lock(mutex_);
-    for (const auto& [k, draws] : entries_) {
-      if (k == key) return draws;
-    }
-    return nullptr;
-  }
-  void store(const std::string& key, std::vector<at::Tensor> draws) {
-    std::lock_guard lock(mutex_);
-    entries_.emplace_back(key, std::make_shared<const std::vector<at::Tensor>>(std::move(draws)));
-    if (entries_.size() > kEntries) entries_.pop_front();
-  }
-
- private:
-  static constexpr std::size_t kEntries = 32;  // a few scenarios' models, a few MiB at most
-  std::mutex mutex_;
-  std::deque<std::pair<std::string, std::shared_ptr<const std::vector<at::Tensor>>>> entries_;
-};
+// variant of a scenario starts from the same draws, so they are drawn once and copied. A few
+// scenarios' models, a few MiB at most.
+using DrawCache = RecentCache<std::shared_ptr<const std::vector<at::Tensor>>, 32>;
 
 DrawCache& draw_cache() {
   static DrawCache cache;
@@ -76,7 +56,7 @@ ZooModel::ZooModel(const scenarios::Scenario& s, ModelConfig config) : config_(c
                                       static_cast<int>(config.base), config.lora, vocab, hidden,
                                       rank, s.world_size * s.accumulation_steps,
                                       s.micro_batch_size * s.sequence_length);
-  const std::shared_ptr<const std::vector<at::Tensor>> cached = draw_cache().find(key);
+  const std::shared_ptr<const std::vector<at::Tensor>> cached = draw_cache().find(key).value_or(nullptr);
   std::vector<at::Tensor> drawn;
   std::optional<at::Generator> generator;
   if (!cached) {
@@ -89,7 +69,9 @@ ZooModel::ZooModel(const scenarios::Scenario& s, ModelConfig config) : config_(c
     bool hit;
     ~StoreOnExit() {
       // Only a complete draw: a constructor that threw leaves nothing behind.
-      if (!hit && !drawn.empty() && std::uncaught_exceptions() == 0) draw_cache().store(key, drawn);
+      if (!hit && !drawn.empty() && std::uncaught_exceptions() == 0) {
+        draw_cache().store(key, std::make_shared<const std::vector<at::Tensor>>(drawn));
+      }
     }
   } store_on_exit{key, drawn, cached != nullptr};
   auto draw = [&](std::string name, at::IntArrayRef shape, double scale, bool trainable) {

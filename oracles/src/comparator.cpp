@@ -156,6 +156,29 @@ bool same_bits(const std::optional<double>& a, const std::optional<double>& b) {
 
 namespace {
 
+template <typename T>
+bool finite_data(const at::Tensor& contiguous) {
+  const T* data = contiguous.data_ptr<T>();
+  for (long k = 0; k < contiguous.numel(); ++k) {
+    if (!std::isfinite(static_cast<double>(data[k]))) return false;
+  }
+  return true;
+}
+
+}  // namespace
+
+bool all_finite(const at::Tensor& tensor) {
+  const at::Tensor c = tensor.detach().contiguous();
+  switch (c.scalar_type()) {
+    case at::kDouble: return finite_data<double>(c);
+    case at::kFloat: return finite_data<float>(c);
+    case at::kBFloat16: return finite_data<c10::BFloat16>(c);
+    default: return at::isfinite(c).all().item<bool>();
+  }
+}
+
+namespace {
+
 bool same_tensors(const std::vector<harness::NamedTensor>& a, const std::vector<harness::NamedTensor>& b) {
   if (a.size() != b.size()) return false;
   for (std::size_t i = 0; i < a.size(); ++i) {
@@ -164,26 +187,10 @@ bool same_tensors(const std::vector<harness::NamedTensor>& a, const std::vector<
   return true;
 }
 
-template <typename T>
-bool finite_data(const at::Tensor& t) {
-  const at::Tensor c = t.contiguous();
-  const T* data = c.data_ptr<T>();
-  for (long k = 0; k < c.numel(); ++k) {
-    if (!std::isfinite(static_cast<double>(data[k]))) return false;
-  }
-  return true;
-}
-
-// Every tensor defined and finite, in a dtype this can read without tensor operations.
+// Every tensor defined and finite.
 bool defined_and_finite(const std::vector<harness::NamedTensor>& tensors) {
   for (const harness::NamedTensor& t : tensors) {
-    if (!t.value.defined()) return false;
-    switch (t.value.scalar_type()) {
-      case at::kDouble: if (!finite_data<double>(t.value)) return false; break;
-      case at::kFloat: if (!finite_data<float>(t.value)) return false; break;
-      case at::kBFloat16: if (!finite_data<c10::BFloat16>(t.value)) return false; break;
-      default: return false;
-    }
+    if (!t.value.defined() || !all_finite(t.value)) return false;
   }
   return true;
 }

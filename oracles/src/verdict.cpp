@@ -14,28 +14,9 @@
 namespace gradnorm::oracles {
 namespace {
 
-template <typename T>
-bool all_finite(const at::Tensor& contiguous) {
-  const T* data = contiguous.data_ptr<T>();
-  for (long k = 0; k < contiguous.numel(); ++k) {
-    if (!std::isfinite(static_cast<double>(data[k]))) return false;
-  }
-  return true;
-}
-
-// One pass over the data, no tensor operations (this runs for every rank of every row).
 bool finite_tensors(const std::vector<harness::NamedTensor>& tensors) {
   for (const harness::NamedTensor& t : tensors) {
-    if (!t.value.defined()) continue;
-    const at::Tensor c = t.value.detach().contiguous();
-    bool finite = true;
-    switch (c.scalar_type()) {
-      case at::kDouble: finite = all_finite<double>(c); break;
-      case at::kFloat: finite = all_finite<float>(c); break;
-      case at::kBFloat16: finite = all_finite<c10::BFloat16>(c); break;
-      default: finite = at::isfinite(c).all().item<bool>(); break;
-    }
-    if (!finite) return false;
+    if (t.value.defined() && !all_finite(t.value)) return false;
   }
   return true;
 }

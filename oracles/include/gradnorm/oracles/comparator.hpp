@@ -37,6 +37,10 @@ struct ErrorMetrics {
     const std::vector<harness::NamedTensor>& before,
     const std::vector<harness::NamedTensor>& after);
 
+// Every element finite: one pass over the data for float64, float32 and bfloat16 (no tensor
+// operations; this runs for every rank of every row).
+[[nodiscard]] bool all_finite(const at::Tensor& tensor);
+
 // True when the two observations hold the same bits in every number a user sees (initial
 // parameters, gradients, parameters after, norms, logged losses) and the same error: a
 // memcmp, no arithmetic, so NaNs compare by their bits.
