@@ -6,6 +6,7 @@
 #include <thread>
 
 #include "gradnorm/harness/runner.hpp"
+#include "rank_threads.hpp"
 
 namespace gradnorm::harness {
 
@@ -97,14 +98,7 @@ RankedRun run_in_threads(const VariantSpec& variant, const scenarios::Scenario& 
       room->abort(fmt::format("rank {} threw: {}", rank, first_line(error.what())));
     }
   };
-  if (world == 1) {
-    run_one(0);  // one rank: no thread to start
-  } else {
-    std::vector<std::thread> threads;
-    threads.reserve(static_cast<std::size_t>(world));
-    for (int rank = 0; rank < world; ++rank) threads.emplace_back(run_one, rank);
-    for (std::thread& t : threads) t.join();
-  }
+  run_ranks_concurrently(world, run_one);  // rank 0 here, the others on pooled threads
   if (input_error) throw scenarios::InvalidInput(*input_error);
   out.fault = room->aborted();
   return out;
