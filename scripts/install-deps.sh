@@ -10,6 +10,7 @@ packages=(
   python3-torch                     # PyTorch for /usr/bin/python3: Python steps run on it
   python3-dev pybind11-dev          # the embedded interpreter that runs Python steps
   python3-pytest                    # tests: the oracle-vector helper in a pytest suite
+  libmimalloc-dev                   # the gradnorm executable's allocator (docs/design.md §8)
 )
 
 missing=()

@@ -295,8 +295,11 @@ int run_command(const RunOptions& options, int argc, char** argv) {
   oracles::EvaluateOptions evaluate_options{
       .timeout = run_options.timeout,
       .use_documented_findings = !options.ignore_findings,
-      .workers = options.jobs > 0 ? options.jobs
-                                  : static_cast<int>(std::max(1u, std::thread::hardware_concurrency()))};
+      // Two scenarios per core by default: a scenario's rank threads wait for each other at
+      // every collective, and another scenario's ranks fill those waits (docs/design.md §8).
+      .workers = options.jobs > 0
+                     ? options.jobs
+                     : 2 * static_cast<int>(std::max(1u, std::thread::hardware_concurrency()))};
   std::unique_ptr<harness::Transport> transport;
   if (options.launcher == "env") {
     const harness::Rendezvous rendezvous = harness::rendezvous_from_environment();
@@ -455,7 +458,7 @@ int run_command_line(int argc, char** argv) {
                   "make a rank fail on purpose: RANK:KIND[@STEP], KIND one of throw, exit, hang");
   add_python_step_options(*run, run_options.python_step);
   run->add_option("--jobs,-j", run_options.jobs,
-                  "scenarios judged at once with ranks as threads (default: every core); the "
+                  "scenarios judged at once with ranks as threads (default: two per core); the "
                   "results are the same whatever the number")
       ->check(CLI::Range(1, 1024));
   run->add_flag("--ignore-findings", run_options.ignore_findings,
