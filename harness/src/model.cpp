@@ -24,6 +24,7 @@ class ZooModel final : public Model {
   ZooModel(const scenarios::Scenario& scenario, ModelConfig config);
   const std::vector<Parameter>& parameters() const override { return parameters_; }
   at::Tensor logits(const MicroBatch& batch) const override;
+  at::Tensor logits_at(const MicroBatch& batch, const at::Tensor& rows) const override;
   std::unique_ptr<Model> converted(c10::ScalarType dtype) const override;
 
  private:
@@ -31,6 +32,8 @@ class ZooModel final : public Model {
   [[nodiscard]] const at::Tensor& get(const std::string& name) const;
   [[nodiscard]] at::Tensor linear_weight(const std::string& name) const;
   [[nodiscard]] at::Tensor adapted_linear(const at::Tensor& input, const std::string& layer) const;
+  // The causal mixing: each position's mean of its prefix's embeddings, [B, T, H].
+  [[nodiscard]] at::Tensor mixed(const MicroBatch& batch) const;
 
   ModelConfig config_;
   double lora_scale_ = 2.0;
@@ -158,6 +161,18 @@ at::Tensor ZooModel::adapted_linear(const at::Tensor& input, const std::string& 
   return out;
 }
 
+at::Tensor ZooModel::mixed(const MicroBatch& batch) const {
+  const at::Tensor& embedding = get("embedding.weight");
+  const long sequences = batch.inputs.size(0);
+  const long length = batch.inputs.size(1);
+  const at::Tensor embedded =
+      embedding.index_select(0, batch.inputs.reshape({-1})).view({sequences, length, -1});
+  // Causal mixing: each position averages the embeddings of its prefix.
+  const at::Tensor counts =
+      at::arange(1, length + 1, embedded.options().requires_grad(false)).view({1, length, 1});
+  return embedded.cumsum(1) / counts;
+}
+
 at::Tensor ZooModel::logits(const MicroBatch& batch) const {
   if (config_.base == scenarios::ModelKind::token_probe) {
     const at::Tensor& table = get("probe.weight");
@@ -167,17 +182,21 @@ at::Tensor ZooModel::logits(const MicroBatch& batch) const {
   if (config_.base == scenarios::ModelKind::linear_head) {
     return adapted_linear(batch.inputs, "head");
   }
-  const at::Tensor& embedding = get("embedding.weight");
-  const long sequences = batch.inputs.size(0);
-  const long length = batch.inputs.size(1);
-  const at::Tensor embedded =
-      embedding.index_select(0, batch.inputs.reshape({-1})).view({sequences, length, -1});
-  // Causal mixing: each position averages the embeddings of its prefix.
-  const at::Tensor counts =
-      at::arange(1, length + 1, embedded.options().requires_grad(false)).view({1, length, 1});
-  const at::Tensor mixed = embedded.cumsum(1) / counts;
-  const at::Tensor hidden = at::tanh(adapted_linear(mixed, "hidden"));
+  const at::Tensor hidden = at::tanh(adapted_linear(mixed(batch), "hidden"));
   return adapted_linear(hidden, "head");
+}
+
+at::Tensor ZooModel::logits_at(const MicroBatch& batch, const at::Tensor& rows) const {
+  // Past the causal mixing every layer works on each position alone, so the rows can be
+  // picked before them.
+  if (config_.base == scenarios::ModelKind::token_probe) {
+    return get("probe.weight").index_select(0, batch.inputs.reshape({-1}).index_select(0, rows));
+  }
+  const at::Tensor positions =
+      config_.base == scenarios::ModelKind::linear_head ? batch.inputs : mixed(batch);
+  const at::Tensor picked = positions.reshape({-1, positions.size(-1)}).index_select(0, rows);
+  if (config_.base == scenarios::ModelKind::linear_head) return adapted_linear(picked, "head");
+  return adapted_linear(at::tanh(adapted_linear(picked, "hidden")), "head");
 }
 
 std::unique_ptr<Model> ZooModel::converted(c10::ScalarType dtype) const {
@@ -193,6 +212,11 @@ std::unique_ptr<Model> ZooModel::converted(c10::ScalarType dtype) const {
 }
 
 }  // namespace
+
+at::Tensor Model::logits_at(const MicroBatch& batch, const at::Tensor& rows) const {
+  const at::Tensor all = logits(batch);
+  return all.reshape({-1, all.size(-1)}).index_select(0, rows);
+}
 
 std::vector<at::Tensor> Model::trainable_tensors() const {
   std::vector<at::Tensor> out;

@@ -119,14 +119,14 @@ OracleResult run_oracle(const Scenario& s, const harness::ModelConfig& model_con
     std::vector<at::Tensor> targets;
     std::vector<at::Tensor> teacher_rows;
     for (const harness::MicroBatch& batch : batches) {
-      const at::Tensor logits = model->logits(batch);
-      const at::Tensor valid = batch.labels.ne(harness::kIgnoreIndex).reshape({-1});
-      rows.push_back(logits.reshape({-1, logits.size(-1)}).index({valid}));
-      targets.push_back(batch.labels.reshape({-1}).index({valid}));
+      // Only positions with a label carry a loss: the model computes those alone.
+      const at::Tensor valid =
+          batch.labels.reshape({-1}).ne(harness::kIgnoreIndex).nonzero().reshape({-1});
+      rows.push_back(model->logits_at(batch, valid));
+      targets.push_back(batch.labels.reshape({-1}).index_select(0, valid));
       if (teacher) {
         at::NoGradGuard no_grad;
-        const at::Tensor teacher_logits = teacher->logits(batch);
-        teacher_rows.push_back(teacher_logits.reshape({-1, teacher_logits.size(-1)}).index({valid}));
+        teacher_rows.push_back(teacher->logits_at(batch, valid));
       }
     }
     const at::Tensor all_rows = at::cat(rows);

@@ -48,6 +48,12 @@ class Model {
   // Logits [B, T, V] in the parameters' dtype. Causal: position t sees inputs 0..t only.
   [[nodiscard]] virtual at::Tensor logits(const MicroBatch& batch) const = 0;
 
+  // The logits at some positions only, [rows, V]: `rows` indexes the batch's B * T positions
+  // flattened (int64, ascending). Only positions with a label carry a loss, so this is what
+  // the oracle asks for. By default logits() of the whole batch, then those rows; the
+  // built-in models compute their per-position layers at those rows alone (the same values).
+  [[nodiscard]] virtual at::Tensor logits_at(const MicroBatch& batch, const at::Tensor& rows) const;
+
   // A detached copy with every parameter converted to `dtype` (the oracle's float64 twin).
   [[nodiscard]] virtual std::unique_ptr<Model> converted(c10::ScalarType dtype) const = 0;
 };
