@@ -17,6 +17,12 @@ bool Communicator::any(bool failed) {
   return flag[0].item<long>() > 0;
 }
 
+bool Communicator::any_failed_else_all_reduce_sum(std::vector<at::Tensor>& tensors) {
+  if (any(false)) return true;
+  all_reduce_sum(tensors);
+  return false;
+}
+
 Communicator& Communicator::group(const std::vector<int>& ranks) {
   if (static_cast<int>(ranks.size()) == world_size()) return *this;
   throw CommunicationError(fmt::format("the {} transport has no subgroups (asked for ranks {})",
@@ -99,31 +105,48 @@ std::optional<std::string> ThreadRoom::mismatch() const {
   return std::nullopt;
 }
 
+// Every meeting deposits a flag and a tensor list, so ranks that have diverged (one at an
+// all-reduce, another at a flag-only agreement) are told apart by mismatch(), never summed
+// from a stale deposit.
 void ThreadRoom::all_reduce_sum(int rank, std::vector<at::Tensor>& tensors) {
-  meet(rank, [&] { deposits_[static_cast<std::size_t>(rank)] = &tensors; }, [&] {
-    // Ranks that reduce different tensors (a count, a shape, a dtype) have diverged: the
-    // run is aborted naming them, and the room is never left half-reduced.
-    if (std::optional<std::string> why = mismatch()) return why;
-    at::NoGradGuard no_grad;
-    for (std::size_t i = 0; i < tensors.size(); ++i) {
-      at::Tensor sum = (*deposits_[0])[i].detach().clone();
-      for (std::size_t r = 1; r < deposits_.size(); ++r) sum.add_((*deposits_[r])[i]);
-      for (std::size_t r = 0; r < deposits_.size(); ++r) (*deposits_[r])[i].copy_(sum);
-    }
-    return std::optional<std::string>();
-  });
+  if (any_else_all_reduce_sum(rank, false, &tensors)) {
+    const std::string why = fmt::format(
+        "{}rank {} all-reduced while a peer reported a failure: the ranks are at different "
+        "collectives",
+        parent_ ? "in a subgroup, " : "", rank);
+    abort(why);
+    throw CommunicationError(why);
+  }
 }
 
-bool ThreadRoom::any(int rank, bool flag) {
-  bool result = false;
-  meet(rank, [&] { flags_[static_cast<std::size_t>(rank)] = flag; }, [&] {
+bool ThreadRoom::any(int rank, bool flag) { return any_else_all_reduce_sum(rank, flag, nullptr); }
+
+bool ThreadRoom::any_else_all_reduce_sum(int rank, bool flag, std::vector<at::Tensor>* tensors) {
+  static std::vector<at::Tensor> none;  // a flag-only deposit: nothing to sum
+  meet(rank, [&] {
+    flags_[static_cast<std::size_t>(rank)] = flag;
+    deposits_[static_cast<std::size_t>(rank)] = tensors ? tensors : &none;
+  }, [&] {
     any_ = std::find(flags_.begin(), flags_.end(), true) != flags_.end();
-    return std::optional<std::string>();
+    return any_ ? std::nullopt : sum_deposits();
   });
   // Read before this rank can arrive at the next collective, the only one that rewrites it.
   std::lock_guard lock(mutex_);
-  result = any_;
-  return result;
+  return any_;
+}
+
+std::optional<std::string> ThreadRoom::sum_deposits() {
+  // Ranks that reduce different tensors (a count, a shape, a dtype) have diverged: the
+  // run is aborted naming them, and the room is never left half-reduced.
+  if (std::optional<std::string> why = mismatch()) return why;
+  at::NoGradGuard no_grad;
+  const std::size_t count = deposits_[0]->size();
+  for (std::size_t i = 0; i < count; ++i) {
+    at::Tensor sum = (*deposits_[0])[i].detach().clone();
+    for (std::size_t r = 1; r < deposits_.size(); ++r) sum.add_((*deposits_[r])[i]);
+    for (std::size_t r = 0; r < deposits_.size(); ++r) (*deposits_[r])[i].copy_(sum);
+  }
+  return std::nullopt;
 }
 
 void ThreadRoom::meet(int rank, const std::function<void()>& deposit,

@@ -28,12 +28,11 @@ class StepCommunicator final : public Communicator {
   int world_size() const override { return inner_.world_size(); }
   std::string kind() const override { return inner_.kind(); }
   void all_reduce_sum(std::vector<at::Tensor>& tensors) override {
-    check_peers();
-    inner_.all_reduce_sum(tensors);
+    if (inner_.any_failed_else_all_reduce_sum(tensors)) throw PeerFailure{};
   }
   void barrier() override {
-    check_peers();
-    inner_.barrier();
+    std::vector<at::Tensor> none;
+    if (inner_.any_failed_else_all_reduce_sum(none)) throw PeerFailure{};
   }
   void check_peers() {
     if (inner_.any(false)) throw PeerFailure{};

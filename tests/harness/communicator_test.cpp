@@ -240,6 +240,55 @@ TEST(Communicator, AnyIsTrueOnEveryRankIffSomeRankFailed) {
   }
 }
 
+// The agreement and the reduction in one collective: summed when no rank failed, left
+// untouched on every rank when one did. Negative control: the pattern with no failure must
+// sum, so a collective that never sums fails the first case.
+TEST(Communicator, AnyFailedElseAllReduceSumsOnlyWhenNoRankFailed) {
+  DeterminismGuard guard;
+  constexpr int kWorld = 3;
+  for (int pattern = 0; pattern < (1 << kWorld); ++pattern) {
+    auto room = std::make_shared<ThreadRoom>(kWorld, 10s);
+    std::array<std::optional<bool>, kWorld> answers;
+    std::array<double, kWorld> values{};
+    const auto escaped = run_ranks(kWorld, [&](int rank) {
+      ThreadCommunicator comm(room, rank);
+      const bool failed = (pattern >> rank) & 1;
+      std::vector<at::Tensor> tensors{at::full({2}, rank + 1.0, at::kDouble)};
+      const std::size_t r = static_cast<std::size_t>(rank);
+      // A failed rank brings its flag alone, as announce_failure() does.
+      answers[r] = failed ? room->any_else_all_reduce_sum(rank, true, nullptr)
+                          : comm.any_failed_else_all_reduce_sum(tensors);
+      values[r] = tensors[0][1].item<double>();
+    });
+    for (int rank = 0; rank < kWorld; ++rank) {
+      const std::size_t r = static_cast<std::size_t>(rank);
+      ASSERT_FALSE(escaped[r]) << *escaped[r];
+      ASSERT_TRUE(answers[r]);
+      EXPECT_EQ(*answers[r], pattern != 0) << "flags " << pattern << ", rank " << rank;
+      EXPECT_EQ(values[r], pattern == 0 ? 6.0 : rank + 1.0) << "flags " << pattern << ", rank " << rank;
+    }
+  }
+}
+
+// Ranks that have diverged, one all-reducing and one at a flag-only agreement, are both told
+// so; neither sums the other's (absent) deposit.
+TEST(ThreadRoom, AnAllReduceMeetingAFlagOnlyAgreementFailsBothRanks) {
+  auto room = std::make_shared<ThreadRoom>(2, 10s);
+  const auto escaped = run_ranks(2, [&](int rank) {
+    ThreadCommunicator comm(room, rank);
+    if (rank == 0) {
+      std::vector<at::Tensor> tensors{at::ones({3})};
+      comm.all_reduce_sum(tensors);
+    } else {
+      (void)comm.any(false);
+    }
+  });
+  for (const auto& error : escaped) {
+    ASSERT_TRUE(error) << "a diverged rank returned normally";
+    EXPECT_NE(error->find("ranks reduce different tensors"), std::string::npos) << *error;
+  }
+}
+
 // The ranks a "did not reach" message lists as missing: "rank 1, 2 did not reach ..." gives
 // {1, 2}; empty when the message has another form.
 std::vector<int> missing_ranks(const std::string& message) {

@@ -36,6 +36,10 @@ class Communicator {
   // Every rank learns whether any rank reported `failed` (an all-reduce of a flag), so a
   // rank whose step raised does not leave its peers waiting in the next collective.
   [[nodiscard]] virtual bool any(bool failed);
+  // any(false) followed, when no rank failed, by all_reduce_sum(tensors): returns whether a
+  // rank failed (then nothing is summed). Transports that can carry the flag with the
+  // tensors do both in one collective.
+  [[nodiscard]] virtual bool any_failed_else_all_reduce_sum(std::vector<at::Tensor>& tensors);
   // What a report says about the transport: "solo", "threads", "gloo".
   [[nodiscard]] virtual std::string kind() const = 0;
   // The communicator among `ranks` (ascending world ranks, this one among them), for a
@@ -67,6 +71,9 @@ class ThreadRoom {
   void all_reduce_sum(int rank, std::vector<at::Tensor>& tensors);
   // Whether any rank passed true: the same meeting with a flag instead of tensors.
   [[nodiscard]] bool any(int rank, bool flag);
+  // One meeting for both: whether any rank passed true (a failed rank passes no tensors);
+  // when none did, the tensors are summed as all_reduce_sum does.
+  [[nodiscard]] bool any_else_all_reduce_sum(int rank, bool flag, std::vector<at::Tensor>* tensors);
   // Wakes every waiting rank with CommunicationError(why); later collectives throw at once.
   void abort(const std::string& why);
   [[nodiscard]] std::optional<std::string> aborted() const;
@@ -77,6 +84,9 @@ class ThreadRoom {
   // Why the deposited tensor lists cannot be summed (count, dtype or shape), if they cannot;
   // with the mutex held.
   [[nodiscard]] std::optional<std::string> mismatch() const;
+  // Sums the deposited tensor lists into every deposit, or says why they cannot be summed;
+  // with the mutex held.
+  [[nodiscard]] std::optional<std::string> sum_deposits();
   // Every collective: each rank deposits (with the mutex held) and waits; the last to arrive
   // runs `complete`, which may return why the collective cannot complete (the run is then
   // aborted), and releases them all.
@@ -106,6 +116,9 @@ class ThreadCommunicator final : public Communicator {
   int world_size() const override { return room_->world_size(); }
   void all_reduce_sum(std::vector<at::Tensor>& tensors) override { room_->all_reduce_sum(rank_, tensors); }
   bool any(bool failed) override;
+  bool any_failed_else_all_reduce_sum(std::vector<at::Tensor>& tensors) override {
+    return room_->any_else_all_reduce_sum(rank_, false, &tensors);
+  }
   void barrier() override {
     std::vector<at::Tensor> none;
     room_->all_reduce_sum(rank_, none);
