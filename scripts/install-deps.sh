@@ -11,6 +11,8 @@ packages=(
   python3-dev pybind11-dev          # the embedded interpreter that runs Python steps
   python3-pytest                    # tests: the oracle-vector helper in a pytest suite
   libmimalloc-dev                   # the gradnorm executable's allocator (docs/design.md §8)
+  libvalijson-dev                   # gradnorm validate-report: JSON Schema validation
+  python3-jsonschema                # tests: a second, independent validator of the report schema
 )
 
 missing=()

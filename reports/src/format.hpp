@@ -25,4 +25,44 @@ inline std::string ulps(std::int64_t value) {
   return fmt::format("{}", value);
 }
 
+// A Markdown table cell: no line breaks or pipes, backticks that would end a code span
+// turned into quotes, control characters shown as \xNN.
+inline std::string markdown_cell(const std::string& text) {
+  std::string out;
+  for (char c : text) {
+    const auto u = static_cast<unsigned char>(c);
+    if (c == '|') {
+      out += "\\|";
+    } else if (c == '`') {
+      out += '\'';
+    } else if (u < 0x20 || u == 0x7f) {
+      out += fmt::format("\\x{:02x}", u);
+    } else {
+      out += c;
+    }
+  }
+  return out;
+}
+
+// Appends to a comment while it stays under a size (what must follow is reserved by the
+// caller); counts what did not fit.
+class Budget {
+ public:
+  Budget(std::string& out, std::size_t limit) : out_(out), limit_(limit) {}
+  bool add(const std::string& text) {
+    if (out_.size() + text.size() > limit_) {
+      ++left_out_;
+      return false;
+    }
+    out_ += text;
+    return true;
+  }
+  [[nodiscard]] std::size_t left_out() const { return left_out_; }
+
+ private:
+  std::string& out_;
+  std::size_t limit_;
+  std::size_t left_out_ = 0;
+};
+
 }  // namespace gradnorm::reports::detail

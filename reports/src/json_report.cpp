@@ -1,7 +1,12 @@
 #include <nlohmann/json.hpp>
 
+#include <fcntl.h>
+#include <unistd.h>
+
+#include <cerrno>
 #include <cmath>
-#include <fstream>
+#include <cstring>
+#include <filesystem>
 #include <limits>
 
 #include <fmt/format.h>
@@ -83,10 +88,15 @@ json record(const oracles::EvaluationRow& row) {
 
 }  // namespace
 
-json to_json(const oracles::Evaluation& evaluation, const harness::RunSettings& settings) {
+json to_json(const oracles::Evaluation& evaluation, const harness::RunSettings& settings,
+             const std::vector<std::string>& reproduce_arguments) {
   const Summary s = summarize(evaluation);
   json records = json::array();
   for (const oracles::EvaluationRow& row : evaluation.rows) records.push_back(record(row));
+  json left_out = json::array();
+  for (const oracles::SkippedPair& pair : evaluation.skipped) {
+    left_out.push_back({{"scenario", pair.scenario}, {"variant", pair.variant}, {"why", pair.why}});
+  }
   return {
       {"schema", kJsonSchemaVersion},
       {"tool", "gradnorm"},
@@ -100,26 +110,92 @@ json to_json(const oracles::Evaluation& evaluation, const harness::RunSettings& 
         {"expected_error", s.expected_errors}, {"error_mismatch", s.error_mismatches},
         {"unexpected", s.unmet}, {"negative_controls_visible", s.controls_visible},
         {"negative_controls_caught", s.controls_caught}, {"findings_reproduced", s.findings}}},
+      {"run", {{"reproduce_arguments", reproduce_arguments}}},
       {"records", records},
+      {"left_out", left_out},
   };
 }
 
+namespace {
+
+// The named temporary a fallback write is using, for the signal handler to remove.
+char g_partial[4096] = "";
+
+}  // namespace
+
+void remove_partial_report() noexcept {
+  if (g_partial[0] != '\0') ::unlink(g_partial);
+}
+
 void write_file_atomically(const std::string& path, const std::string& text) {
-  const std::string temporary = path + ".partial";
-  {
-    std::ofstream file(temporary, std::ios::binary | std::ios::trunc);
-    if (!file) throw scenarios::InvalidInput("cannot write report '" + path + "': the folder is missing or not writable");
-    file << text;
-    file.flush();
-    if (!file) {
-      std::remove(temporary.c_str());
-      throw scenarios::InvalidInput("cannot write report '" + path + "': write failed");
+  auto fail = [&path](const std::string& why) {
+    return scenarios::InvalidInput("cannot write report '" + path + "': " + why);
+  };
+  const std::filesystem::path target(path);
+  const std::string folder = target.has_parent_path() ? target.parent_path().string() : ".";
+  auto write_all = [&](int fd) {
+    std::size_t done = 0;
+    while (done < text.size()) {
+      const ssize_t n = ::write(fd, text.data() + done, text.size() - done);
+      if (n < 0) {
+        if (errno == EINTR) continue;
+        return false;
+      }
+      done += static_cast<std::size_t>(n);
     }
+    return ::fsync(fd) == 0;
+  };
+  // An unnamed file in the target's folder, given its name only once complete: a run killed
+  // at any moment, even by SIGKILL, leaves no half-written report and no temporary behind.
+  const int fd = ::open(folder.c_str(), O_TMPFILE | O_WRONLY | O_CLOEXEC, 0644);
+  if (fd >= 0) {
+    const bool written = write_all(fd);
+    const std::string proc = fmt::format("/proc/self/fd/{}", fd);
+    if (!written) {
+      ::close(fd);
+      throw fail(std::strerror(errno));
+    }
+    if (::linkat(AT_FDCWD, proc.c_str(), AT_FDCWD, path.c_str(), AT_SYMLINK_FOLLOW) == 0) {
+      ::close(fd);
+      return;
+    }
+    if (errno != EEXIST) {
+      const int error = errno;
+      ::close(fd);
+      throw fail(std::strerror(error));
+    }
+    // The report exists: link under a temporary name, then rename over it (atomic).
+    const std::string temporary = fmt::format("{}.partial.{}", path, ::getpid());
+    ::unlink(temporary.c_str());
+    if (::linkat(AT_FDCWD, proc.c_str(), AT_FDCWD, temporary.c_str(), AT_SYMLINK_FOLLOW) != 0 ||
+        std::rename(temporary.c_str(), path.c_str()) != 0) {
+      const int error = errno;
+      ::unlink(temporary.c_str());
+      ::close(fd);
+      throw fail(std::strerror(error));
+    }
+    ::close(fd);
+    return;
   }
-  if (std::rename(temporary.c_str(), path.c_str()) != 0) {
-    std::remove(temporary.c_str());
-    throw scenarios::InvalidInput("cannot write report '" + path + "': rename failed");
+  // A file system without unnamed files: a named temporary, removed on failure and by the
+  // command line's signal handler (remove_partial_report) on an interrupt.
+  const std::string temporary = fmt::format("{}.partial.{}", path, ::getpid());
+  if (temporary.size() >= sizeof(g_partial)) throw fail("the path is too long");
+  std::memcpy(g_partial, temporary.c_str(), temporary.size() + 1);
+  const int named = ::open(temporary.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
+  if (named < 0) {
+    g_partial[0] = '\0';
+    throw fail("the folder is missing or not writable");
   }
+  const bool written = write_all(named);
+  ::close(named);
+  if (!written || std::rename(temporary.c_str(), path.c_str()) != 0) {
+    const int error = errno;
+    ::unlink(temporary.c_str());
+    g_partial[0] = '\0';
+    throw fail(std::strerror(error));
+  }
+  g_partial[0] = '\0';
 }
 
 }  // namespace gradnorm::reports

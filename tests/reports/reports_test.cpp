@@ -273,7 +273,10 @@ TEST(ReportGolden, AChangedFigureIsCaught) {
   ASSERT_FALSE(table);
   EXPECT_NE(std::string(table.message()).find("line 2"), std::string::npos) << table.message();
   EXPECT_FALSE(matches_golden("report.json", render_json(evaluation)));
-  EXPECT_FALSE(matches_golden("report.md", reports::render_markdown(evaluation, fixed_settings())));
+  // The Markdown shows no ULP figure (the JSON holds them); a changed verdict it must show.
+  oracles::Evaluation verdict_changed = hand_built_evaluation();
+  verdict_changed.rows.front().verdict.kind = VerdictKind::fail;
+  EXPECT_FALSE(matches_golden("report.md", reports::render_markdown(verdict_changed, fixed_settings())));
 }
 
 TEST(Summarize, CountsTheHandBuiltRows) {
@@ -376,11 +379,14 @@ TEST(ReportDeterminism, SameEvaluationSameBytes) {
   EXPECT_EQ(reports::render_markdown(evaluation, fixed_settings()),
             reports::render_markdown(hand_built_evaluation(), fixed_settings()));
   EXPECT_EQ(render_json(evaluation), render_json(hand_built_evaluation()));
-  // Negative control: one changed figure changes the bytes of every format.
+  // Negative control: one changed figure changes the bytes of every format that shows it
+  // (the Markdown shows verdicts, not ULP figures).
   oracles::Evaluation changed = hand_built_evaluation();
   changed.rows.front().verdict.gradients.max_ulp = 4;
   EXPECT_NE(reports::render_table(changed), reports::render_table(evaluation));
-  EXPECT_NE(reports::render_markdown(changed, fixed_settings()),
+  oracles::Evaluation verdict_changed = hand_built_evaluation();
+  verdict_changed.rows.front().verdict.kind = VerdictKind::fail;
+  EXPECT_NE(reports::render_markdown(verdict_changed, fixed_settings()),
             reports::render_markdown(evaluation, fixed_settings()));
   EXPECT_NE(render_json(changed), render_json(evaluation));
 }

@@ -4,6 +4,7 @@
 #include "support/scripted_model.hpp"
 #include <gtest/gtest.h>
 #include <nlohmann/json.hpp>
+#include <sys/stat.h>
 #include <sys/wait.h>
 
 #include <cstdio>
@@ -499,6 +500,137 @@ TEST(Cli, ScalePassBenchAndStreamRun) {
   const std::vector<std::string> judged = {"run", "-f", file, "-v", "baseline", "-q"};
   const CliResult r = run_cli(judged);
   EXPECT_TRUE(contains(r.output, "20 rows")) << explain(judged, r);
+}
+
+}  // namespace
+}  // namespace gradnorm
+
+namespace gradnorm {
+namespace {
+
+// The largest matrix (every catalogue scenario x every variant) still fits one pull-request
+// comment, and the full detail stays in the JSON, which the schema accepts.
+TEST(Reports, TheDefaultMatrixMarkdownFitsOneCommentAndItsJsonIsValid) {
+  TemporaryDirectory folder("gradnorm-reports");
+  const std::string md = (folder.path() / "r.md").string();
+  const std::string json = (folder.path() / "r.json").string();
+  const std::string junit = (folder.path() / "r.xml").string();
+  const std::vector<std::string> args = {"run", "-q", "--markdown", md, "--json", json, "--junit", junit};
+  const CliResult r = run_cli(args);
+  ASSERT_EQ(r.exit_code, 0) << explain(args, r);
+  const std::string text = read_file(md);
+  EXPECT_LE(text.size(), 65536u) << "the Markdown report is " << text.size() << " bytes";
+  EXPECT_TRUE(contains(text, "Documented findings reproduced: 603")) << text.substr(0, 2000);
+  const CliResult valid = run_cli({"validate-report", json});
+  EXPECT_EQ(valid.exit_code, 0) << valid.output;
+  // A report with a field of the wrong kind is refused, naming where (negative control).
+  nlohmann::json broken = nlohmann::json::parse(read_file(json));
+  broken["records"][3]["verdict"] = "maybe";
+  const std::string bad = (folder.path() / "bad.json").string();
+  std::ofstream(bad) << broken.dump();
+  const CliResult invalid = run_cli({"validate-report", bad});
+  EXPECT_EQ(invalid.exit_code, 1) << invalid.output;
+  EXPECT_TRUE(contains(invalid.output, "[3]")) << invalid.output;
+  EXPECT_EQ(run_cli({"validate-report", (folder.path() / "missing.json").string()}).exit_code, 2);
+}
+
+// Report paths are checked before the run: none lands on an input, on another report of the
+// same run, or on something that is not a regular file; an empty path is refused.
+TEST(Reports, UnsafeReportPathsAreInputErrorsBeforeAnythingRuns) {
+  TemporaryDirectory folder("gradnorm-reports");
+  const std::string scenarios = (folder.path() / "s.toml").string();
+  std::ofstream(scenarios) << "[[scenario]]\nname = \"file/one\"\nvalid_tokens = [[3]]\n";
+  const std::string fifo = (folder.path() / "fifo").string();
+  ASSERT_EQ(mkfifo(fifo.c_str(), 0600), 0);
+  const std::string same = (folder.path() / "same").string();
+  struct Case {
+    std::vector<std::string> args;
+    std::string says;
+  };
+  const std::vector<Case> cases = {
+      {{"--json", scenarios}, "is an input of this run"},
+      {{"--markdown", same, "--json", same}, "name the same file"},
+      {{"--json", fifo}, "is a FIFO"},
+      {{"--junit", "/dev/null"}, "is a device"},
+      {{"--json", folder.path().string()}, "is a folder"},
+      {{"--json", ""}, "--json: the path is empty"},
+  };
+  const std::string before = read_file(scenarios);
+  for (const Case& c : cases) {
+    std::vector<std::string> args = {"run", "-f", scenarios, "-v", "baseline"};
+    args.insert(args.end(), c.args.begin(), c.args.end());
+    const CliResult r = run_cli(args);
+    EXPECT_EQ(r.exit_code, 2) << explain(args, r);
+    EXPECT_TRUE(contains(r.output, c.says)) << explain(args, r);
+    EXPECT_FALSE(contains(r.output, "rows:")) << "the run went ahead: " << explain(args, r);
+  }
+  EXPECT_EQ(read_file(scenarios), before);
+  EXPECT_FALSE(std::filesystem::exists(same));
+  // The control: the same run with a safe path writes its report.
+  const std::string ok = (folder.path() / "ok.json").string();
+  const std::vector<std::string> good = {"run", "-f", scenarios, "-v", "baseline", "--json", ok};
+  const CliResult r = run_cli(good);
+  EXPECT_EQ(r.exit_code, 0) << explain(good, r);
+  EXPECT_TRUE(std::filesystem::is_regular_file(ok));
+  for (const auto& entry : std::filesystem::directory_iterator(folder.path())) {
+    EXPECT_FALSE(contains(entry.path().filename().string(), "partial")) << entry.path();
+  }
+}
+
+// A run killed while it works leaves no report and no temporary behind.
+TEST(Reports, AKilledRunLeavesNoPartialReport) {
+  TemporaryDirectory folder("gradnorm-reports");
+  const std::string json = (folder.path() / "r.json").string();
+  const std::string line = command_line({"run", "-q", "--json", json}) + " > /dev/null 2>&1 & pid=$!; "
+                           "sleep 0.8; kill -TERM $pid; wait $pid; echo $?";
+  FILE* pipe = popen(("sh -c " + shell_quote(line)).c_str(), "r");
+  ASSERT_NE(pipe, nullptr);
+  char buffer[64] = {};
+  const std::size_t n = std::fread(buffer, 1, sizeof buffer - 1, pipe);
+  pclose(pipe);
+  EXPECT_EQ(std::string(buffer, n), "143\n") << "not ended by SIGTERM";
+  EXPECT_TRUE(std::filesystem::is_empty(folder.path())) << "something was left in " << folder.path();
+}
+
+// End to end: a base run and a head whose step is broken give a comment that names the
+// regression and a command that reproduces it (exit 1 when run), JUnit with the failure.
+TEST(Reports, DiffOfABrokenHeadNamesTheRegressionAndItsReproduction) {
+  TemporaryDirectory folder("gradnorm-diff");
+  const std::string base = (folder.path() / "base.json").string();
+  const std::string head = (folder.path() / "head.json").string();
+  const std::string steps = std::string(GRADNORM_SOURCE_DIR) + "/";
+  const std::vector<std::string> base_run = {"run", "-q", "-s", "dist/5-3/float32", "-s", "single/n3/float32",
+                                             "--python-step", steps + "examples/python/full_finetune.py",
+                                             "--name", "py/step", "-v", "baseline", "--json", base};
+  const CliResult b = run_cli(base_run);
+  ASSERT_EQ(b.exit_code, 0) << explain(base_run, b);
+  std::vector<std::string> head_run = base_run;
+  head_run[7] = steps + "tests/python/steps/local_mean.py";
+  head_run.back() = head;
+  const CliResult h = run_cli(head_run);
+  ASSERT_EQ(h.exit_code, 1) << explain(head_run, h);
+  const std::string md = (folder.path() / "comment.md").string();
+  const std::string junit = (folder.path() / "diff.xml").string();
+  const std::vector<std::string> diff = {"diff", base, head, "--markdown", md, "--junit", junit};
+  const CliResult d = run_cli(diff);
+  EXPECT_EQ(d.exit_code, 1) << explain(diff, d);
+  const std::string comment = read_file(md);
+  EXPECT_TRUE(contains(comment, "## **gradnorm: 1 regression**")) << comment;
+  EXPECT_TRUE(contains(comment, "`dist/5-3/float32` | `py/step`")) << comment;
+  const std::string reproduce = "gradnorm run --python-step " + steps + "tests/python/steps/local_mean.py --name py/step -s dist/5-3/float32 -v py/step";
+  ASSERT_TRUE(contains(comment, "reproduce: `" + reproduce + "`")) << comment;
+  const CliResult again = run_cli({"run", "--python-step", steps + "tests/python/steps/local_mean.py", "--name",
+                                   "py/step", "-s", "dist/5-3/float32", "-v", "py/step"});
+  EXPECT_EQ(again.exit_code, 1) << "the reproduce command does not reproduce:\n" << again.output;
+  EXPECT_TRUE(contains(read_file(junit), "failures=\"1\"")) << read_file(junit);
+  // The base against itself: no regression, exit 0 (the control).
+  const CliResult same = run_cli({"diff", base, base});
+  EXPECT_EQ(same.exit_code, 0) << same.output;
+  EXPECT_TRUE(contains(same.output, "no regression")) << same.output;
+  // Not a report: exit 2, naming it.
+  const CliResult bad = run_cli({"diff", base, steps + "README.md"});
+  EXPECT_EQ(bad.exit_code, 2) << bad.output;
+  EXPECT_TRUE(contains(bad.output, "is not JSON")) << bad.output;
 }
 
 }  // namespace

@@ -25,6 +25,10 @@
 #include "gradnorm/reports/report.hpp"
 #include "gradnorm/harness/transport.hpp"
 #include "bench.hpp"
+#include "floor_bench.hpp"
+#include "diff_command.hpp"
+#include "report_paths.hpp"
+#include "gradnorm/reports/diff.hpp"
 #include "export.hpp"
 #include "stream.hpp"
 #include "fuzz.hpp"
@@ -179,6 +183,8 @@ struct RunOptions {
   std::string json_path;
   std::string markdown_path;
   std::string digests_path;
+  std::string junit_path;
+  std::vector<tools::ReportPath> given_reports;  // every report option, as given
   bool quiet = false;
   bool ignore_findings = false;
   std::string launcher = "threads";
@@ -233,6 +239,41 @@ std::vector<scenarios::Scenario> with_world_size(std::vector<scenarios::Scenario
   return list;
 }
 
+// What, besides -s and -v, runs one row of this run again: its scenario files and its
+// Python step, as given.
+std::vector<std::string> reproduce_arguments(const RunOptions& options) {
+  std::vector<std::string> out;
+  for (const std::string& file : options.scenario_files) {
+    out.push_back("-f");
+    out.push_back(file);
+  }
+  const PythonStepOptions& py = options.python_step;
+  if (!py.source.empty()) {
+    out.insert(out.end(), {"--python-step", py.source});
+    if (!py.name.empty()) out.insert(out.end(), {"--name", py.name});
+    if (py.reference != "baseline") out.insert(out.end(), {"--reference", py.reference});
+    if (py.role != "candidate") out.insert(out.end(), {"--role", py.role});
+    if (!py.findings_of.empty()) out.insert(out.end(), {"--findings-of", py.findings_of});
+  }
+  if (options.ignore_findings) out.push_back("--ignore-findings");
+  return out;
+}
+
+// Every file a run reads, which no report may overwrite.
+std::vector<std::string> run_inputs(const RunOptions& options,
+                                    const std::vector<scenarios::Scenario>& scenario_list) {
+  std::vector<std::string> inputs = options.scenario_files;
+  if (!options.python_step.source.empty()) {
+    inputs.push_back(options.python_step.source);
+    const std::size_t colon = options.python_step.source.rfind(':');
+    if (colon != std::string::npos) inputs.push_back(options.python_step.source.substr(0, colon));
+  }
+  for (const scenarios::Scenario& s : scenario_list) {
+    if (!s.model_file.empty()) inputs.push_back(s.model_file);
+  }
+  return inputs;
+}
+
 int report(const oracles::Evaluation& evaluation, const RunOptions& options,
            const harness::RunSettings& settings) {
   if (evaluation.fault) {
@@ -241,9 +282,12 @@ int report(const oracles::Evaluation& evaluation, const RunOptions& options,
     return tools::kExitRankFailed;
   }
   // Reports are complete before anything is printed as done; each is written atomically.
+  const nlohmann::json json_report = reports::to_json(evaluation, settings, reproduce_arguments(options));
   if (!options.json_path.empty()) {
-    reports::write_file_atomically(options.json_path,
-                                   reports::to_json(evaluation, settings).dump(2) + "\n");
+    reports::write_file_atomically(options.json_path, json_report.dump(2) + "\n");
+  }
+  if (!options.junit_path.empty()) {
+    reports::write_file_atomically(options.junit_path, reports::render_junit(json_report));
   }
   if (!options.markdown_path.empty()) {
     reports::write_file_atomically(options.markdown_path,
@@ -268,6 +312,9 @@ int report(const oracles::Evaluation& evaluation, const RunOptions& options,
 
 int run_command(const RunOptions& options, int argc, char** argv) {
   auto scenario_list = pick_scenarios(options.scenario_patterns, options.scenario_files);
+  // Before anything runs: a report path that cannot or must not be written is an input error.
+  tools::check_report_paths(options.given_reports, run_inputs(options, scenario_list));
+  tools::remove_partial_reports_on_signals();
   const std::vector<std::string> declared =
       declare_steps(options.python_step, options.scenario_files);
   const auto variant_list = pick_run_variants(options.variant_patterns, declared);
@@ -435,6 +482,8 @@ int run_command_line(int argc, char** argv) {
                   "variant name or shell pattern (repeatable; default: every variant)");
   run->add_option("--json", run_options.json_path, "write one JSON record per row to PATH");
   run->add_option("--markdown", run_options.markdown_path, "write a pull-request report to PATH");
+  run->add_option("--junit", run_options.junit_path,
+                  "write JUnit XML to PATH: a testcase per row, failures for unexpected rows");
   run->add_option("--digests", run_options.digests_path,
                   "write every rank's observation digest to PATH (one line per rank of a row)");
   run->add_flag("--quiet,-q", run_options.quiet, "print the summary line only");
@@ -550,13 +599,44 @@ int run_command_line(int argc, char** argv) {
   int one_accumulation = 0, one_length = 0;
   bench_one->add_option("accumulation", one_accumulation);
   bench_one->add_option("length", one_length);
+  std::string bench_floor;
+  bench->add_option("--floor", bench_floor,
+                    "time the per-case check of a stream file (`gradnorm stream`) written "
+                    "straight against LibTorch on one thread, with no harness: the floor "
+                    "under gradnorm's per-case cost")
+      ->check(CLI::ExistingFile);
   bool bench_growth = false;
   bench->add_flag("--growth", bench_growth,
                   "tabulate time and peak memory per case against world size, sequence length "
                   "and accumulation, threads and processes");
 
+  tools::DiffCommandOptions diff_options;
+  CLI::App* diff = app.add_subcommand(
+      "diff", "compare two JSON reports (a pull request's base and head): regressions, fixes, "
+              "drift; exit 1 on a regression");
+  diff->add_option("base", diff_options.base, "the base's JSON report")->required();
+  diff->add_option("head", diff_options.head, "the head's JSON report")->required();
+  diff->add_option("--markdown", diff_options.markdown_path,
+                   "write the pull-request comment to PATH (default: print it)");
+  diff->add_option("--junit", diff_options.junit_path, "write JUnit XML to PATH");
+  diff->add_option("--drift-ulp", diff_options.drift_ulp,
+                   "a passing row drifts when its max ULP to the oracle grew by more than this (default 64)")
+      ->check(CLI::Range(std::int64_t{0}, std::int64_t{1} << 62));
+  diff->add_option("--drift-factor", diff_options.drift_factor,
+                   "... or its relative L2 error grew by this factor (default 2)")
+      ->check(CLI::Range(1.0, 1e12));
+  std::string validate_path;
+  CLI::App* validate_report = app.add_subcommand(
+      "validate-report", "check a JSON report against gradnorm's report schema (docs/report.schema.json)");
+  validate_report->add_option("file", validate_path, "the JSON report")->required();
+
   // --nproc W alone means ranks as W Gloo processes: one flag from threads to processes.
   run->callback([&] {
+    run_options.given_reports = {
+        {"--json", run_options.json_path, run->count("--json") > 0},
+        {"--markdown", run_options.markdown_path, run->count("--markdown") > 0},
+        {"--digests", run_options.digests_path, run->count("--digests") > 0},
+        {"--junit", run_options.junit_path, run->count("--junit") > 0}};
     if (run->count("--nproc") > 0 && run->count("--launcher") == 0) {
       run_options.launcher = "processes";
     }
@@ -571,11 +651,18 @@ int run_command_line(int argc, char** argv) {
   try {
     if (*run) return run_command(run_options, argc, argv);
     if (*list) return list_command(scenarios_only, variants_only);
+    if (*diff) {
+      diff_options.markdown_given = diff->count("--markdown") > 0;
+      diff_options.junit_given = diff->count("--junit") > 0;
+      return tools::diff_command(diff_options);
+    }
+    if (*validate_report) return tools::validate_report_command(validate_path);
     if (*show) return show_command(show_name, show_files);
     if (*explain) return explain_command(explain_name, explain_variants, explain_files);
     if (*bench) {
       if (scale_pass_max > 0) return tools::scale_pass_bench_command(scale_pass_max, bench_options.repeat);
       if (bench_growth) return tools::growth_bench_command(bench_options.repeat);
+      if (!bench_floor.empty()) return tools::floor_bench_command(bench_floor);
       if (bench_python_step.source.empty()) return tools::bench_command(bench_options);
       const auto start = std::chrono::steady_clock::now();
       const std::vector<std::string> declared = declare_steps(bench_python_step, {});

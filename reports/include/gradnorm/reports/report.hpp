@@ -31,10 +31,13 @@ struct Summary {
 // summary line. No colour, no timestamps.
 [[nodiscard]] std::string render_table(const oracles::Evaluation& evaluation);
 
-// {"schema": 1, "settings": {...}, "summary": {...}, "records": [...]}; non-finite numbers
-// are written as null.
+// {"schema": 1, "tool": "gradnorm", "settings": {...}, "run": {...}, "summary": {...},
+// "records": [...], "left_out": [...]}; non-finite numbers are written as null. The layout
+// is docs/report.schema.json. `reproduce_arguments`: what, besides -s and -v, runs one row
+// of this report again (scenario files, a Python step); gradnorm diff prints it.
 [[nodiscard]] nlohmann::json to_json(const oracles::Evaluation& evaluation,
-                                     const harness::RunSettings& settings);
+                                     const harness::RunSettings& settings,
+                                     const std::vector<std::string>& reproduce_arguments = {});
 
 [[nodiscard]] std::string render_markdown(const oracles::Evaluation& evaluation,
                                           const harness::RunSettings& settings);
@@ -43,8 +46,14 @@ struct Summary {
 // tab-separated. Two runs whose digest files are equal saw bit-identical numbers.
 [[nodiscard]] std::string render_digests(const oracles::Evaluation& evaluation);
 
-// Writes `text` to `path` through a temporary file renamed into place, so a reader never
-// sees half a report. Throws scenarios::InvalidInput naming the path on failure.
+// Writes `text` to `path` so that a reader never sees half a report: through an unnamed file
+// in the same folder, named once complete (a kill at any moment leaves nothing behind), or
+// where the file system has none, a temporary renamed into place. Throws
+// scenarios::InvalidInput naming the path on failure.
 void write_file_atomically(const std::string& path, const std::string& text);
+
+// Removes the named temporary a write is using, if any; async-signal-safe, for a signal
+// handler.
+void remove_partial_report() noexcept;
 
 }  // namespace gradnorm::reports

@@ -1,0 +1,78 @@
+#include "diff_command.hpp"
+
+#include <fmt/format.h>
+#include <nlohmann/json.hpp>
+#include <valijson/adapters/nlohmann_json_adapter.hpp>
+#include <valijson/schema.hpp>
+#include <valijson/schema_parser.hpp>
+#include <valijson/validation_results.hpp>
+#include <valijson/validator.hpp>
+
+#include <cstdio>
+
+#include "gradnorm/reports/diff.hpp"
+#include "gradnorm/reports/report.hpp"
+#include "gradnorm/scenarios/scenario.hpp"
+#include "report_paths.hpp"
+#include "report_schema.hpp"  // generated: kReportSchema, docs/report.schema.json's text
+
+namespace gradnorm::tools {
+
+int diff_command(const DiffCommandOptions& options) {
+  check_report_paths({{"--markdown", options.markdown_path, options.markdown_given},
+                      {"--junit", options.junit_path, options.junit_given}},
+                     {options.base, options.head});
+  const nlohmann::json base = reports::read_json_report(options.base);
+  const nlohmann::json head = reports::read_json_report(options.head);
+  reports::DiffOptions diff_options;
+  diff_options.drift_ulp = options.drift_ulp;
+  diff_options.drift_factor = options.drift_factor;
+  reports::Diff diff;
+  try {
+    diff = reports::diff_reports(base, head, diff_options);
+  } catch (const scenarios::InvalidInput& error) {
+    throw scenarios::InvalidInput(fmt::format("{} (base {}, head {})", error.what(), options.base, options.head));
+  }
+  const std::string markdown = reports::render_diff_markdown(diff);
+  remove_partial_reports_on_signals();
+  if (!options.junit_path.empty()) {
+    reports::write_file_atomically(options.junit_path, reports::render_diff_junit(diff));
+  }
+  if (!options.markdown_path.empty()) {
+    reports::write_file_atomically(options.markdown_path, markdown);
+    std::fputs(markdown.substr(0, markdown.find('\n') + 1).c_str(), stdout);
+  } else {
+    std::fputs(markdown.c_str(), stdout);
+  }
+  return diff.has_regression() ? 1 : 0;
+}
+
+int validate_report_command(const std::string& path) {
+  const nlohmann::json document = reports::read_json_report(path);
+  const nlohmann::json schema_document = nlohmann::json::parse(kReportSchema);
+  valijson::Schema schema;
+  valijson::SchemaParser parser;
+  valijson::adapters::NlohmannJsonAdapter schema_adapter(schema_document);
+  parser.populateSchema(schema_adapter, schema);
+  valijson::Validator validator;
+  valijson::ValidationResults results;
+  valijson::adapters::NlohmannJsonAdapter target(document);
+  if (validator.validate(schema, target, &results)) {
+    fmt::print("{}: a valid gradnorm report (schema version {})\n", path,
+               document.value("schema", nlohmann::json()).dump());
+    return 0;
+  }
+  valijson::ValidationResults::Error error;
+  int shown = 0;
+  while (results.popError(error)) {
+    std::string where;
+    for (const std::string& part : error.context) where += part;
+    if (shown < 20) fmt::print(stderr, "{}: {}: {}\n", path, where, error.description);
+    ++shown;
+  }
+  if (shown > 20) fmt::print(stderr, "{}: and {} more violations\n", path, shown - 20);
+  fmt::print(stderr, "{}: not a valid gradnorm report (docs/report.schema.json)\n", path);
+  return 1;
+}
+
+}  // namespace gradnorm::tools
