@@ -44,6 +44,29 @@ inline std::string markdown_cell(const std::string& text) {
   return out;
 }
 
+// Text for XML or HTML, element or attribute: the five entities escaped, and characters XML
+// 1.0 cannot carry (controls other than tab, newline, return) written as \xNN.
+inline std::string xml_escape(const std::string& text) {
+  std::string out;
+  for (char c : text) {
+    const auto u = static_cast<unsigned char>(c);
+    switch (c) {
+      case '&': out += "&amp;"; break;
+      case '<': out += "&lt;"; break;
+      case '>': out += "&gt;"; break;
+      case '"': out += "&quot;"; break;
+      case '\'': out += "&apos;"; break;
+      default:
+        if ((u < 0x20 && c != '\t' && c != '\n' && c != '\r') || u == 0x7f) {
+          out += fmt::format("\\x{:02x}", u);
+        } else {
+          out += c;
+        }
+    }
+  }
+  return out;
+}
+
 // Appends to a comment while it stays under a size (what must follow is reserved by the
 // caller); counts what did not fit.
 class Budget {

@@ -3,6 +3,7 @@
 // <failure message type>text</failure> or <skipped message/>.
 #include <fmt/format.h>
 
+#include "format.hpp"
 #include "gradnorm/reports/diff.hpp"
 
 namespace gradnorm::reports {
@@ -10,28 +11,7 @@ namespace {
 
 using nlohmann::json;
 
-// Text for an attribute or element: the five entities escaped, and characters XML 1.0
-// cannot carry (controls other than tab, newline, return) written as \xNN.
-std::string xml(const std::string& text) {
-  std::string out;
-  for (char c : text) {
-    const auto u = static_cast<unsigned char>(c);
-    switch (c) {
-      case '&': out += "&amp;"; break;
-      case '<': out += "&lt;"; break;
-      case '>': out += "&gt;"; break;
-      case '"': out += "&quot;"; break;
-      case '\'': out += "&apos;"; break;
-      default:
-        if ((u < 0x20 && c != '\t' && c != '\n' && c != '\r') || u == 0x7f) {
-          out += fmt::format("\\x{:02x}", u);
-        } else {
-          out += c;
-        }
-    }
-  }
-  return out;
-}
+std::string xml(const std::string& text) { return detail::xml_escape(text); }
 
 struct Case {
   std::string classname;

@@ -11,3 +11,13 @@ cmake -G Ninja -S "$source/examples/own-step" -B "$work/build" \
   -DCMAKE_BUILD_TYPE=RelWithDebInfo -DCMAKE_PREFIX_PATH="$work/prefix"
 cmake --build "$work/build" --parallel "$(nproc)"
 ctest --test-dir "$work/build" --output-on-failure --timeout 300
+# The scenario-file tests the package's CMake function registered: one per scenario x
+# variant, selected by label as CI does.
+listed=$(ctest --test-dir "$work/build" -N -L own/token-sum | grep -c 'gradnorm:own/' || true)
+if [ "$listed" -ne 2 ]; then
+  echo "ctest -L own/token-sum lists $listed scenario tests, want 2 (2 scenarios x 1 variant)" >&2
+  ctest --test-dir "$work/build" -N >&2
+  exit 1
+fi
+ctest --test-dir "$work/build" -N -L gradnorm | grep -q 'gradnorm:own/accumulation-\[1,7\] x baseline' ||
+  { echo "the bracketed scenario's test is missing" >&2; exit 1; }

@@ -635,3 +635,39 @@ TEST(Reports, DiffOfABrokenHeadNamesTheRegressionAndItsReproduction) {
 
 }  // namespace
 }  // namespace gradnorm
+
+namespace gradnorm {
+namespace {
+
+// The floor benchmark is the stream's check written straight against LibTorch: on the same
+// cases it must reach gradnorm's verdicts (a second, independent reading), and it refuses a
+// file that is not of the stream's kind.
+TEST(Bench, TheFloorReachesGradnormsVerdictsOnTheStream) {
+  TemporaryDirectory folder("gradnorm-floor");
+  const std::string stream = (folder.path() / "stream.toml").string();
+  const std::string json = (folder.path() / "r.json").string();
+  ASSERT_EQ(run_cli({"stream", "--cases", "40", "--seed", "3", "--out", stream}).exit_code, 0);
+  const CliResult run = run_cli({"run", "-q", "-f", stream, "-v", "baseline", "-v", "skip", "--json", json});
+  ASSERT_LE(run.exit_code, 1) << run.output;
+  int baseline_pass = 0, skip_pass = 0;
+  const nlohmann::json report = nlohmann::json::parse(read_file(json));
+  for (const nlohmann::json& r : report.at("records")) {
+    const bool pass = r.at("verdict").get<std::string>() == "pass";
+    (r.at("variant").get<std::string>() == "baseline" ? baseline_pass : skip_pass) += pass ? 1 : 0;
+  }
+  const CliResult floor = run_cli({"bench", "--floor", stream});
+  ASSERT_EQ(floor.exit_code, 0) << floor.output;
+  const std::string tally = "baseline " + std::to_string(baseline_pass) + " pass / " +
+                            std::to_string(40 - baseline_pass) + " fail, skip " + std::to_string(skip_pass) +
+                            " / " + std::to_string(40 - skip_pass);
+  EXPECT_TRUE(contains(floor.output, tally)) << "want '" << tally << "' in\n" << floor.output;
+  EXPECT_LT(skip_pass, 40) << "the stream should hold ragged cases the skip fails";
+  const std::string other = (folder.path() / "other.toml").string();
+  std::ofstream(other) << "[[scenario]]\nname = \"x\"\nvalid_tokens = [[3]]\nmodel = \"linear_head\"\n";
+  const CliResult refused = run_cli({"bench", "--floor", other});
+  EXPECT_EQ(refused.exit_code, 2) << refused.output;
+  EXPECT_TRUE(contains(refused.output, "not of the reference stream's kind")) << refused.output;
+}
+
+}  // namespace
+}  // namespace gradnorm

@@ -29,6 +29,7 @@
 #include "diff_command.hpp"
 #include "report_paths.hpp"
 #include "gradnorm/reports/diff.hpp"
+#include "gradnorm/reports/html.hpp"
 #include "export.hpp"
 #include "stream.hpp"
 #include "fuzz.hpp"
@@ -184,6 +185,7 @@ struct RunOptions {
   std::string markdown_path;
   std::string digests_path;
   std::string junit_path;
+  std::string html_path;
   std::vector<tools::ReportPath> given_reports;  // every report option, as given
   bool quiet = false;
   bool ignore_findings = false;
@@ -274,6 +276,25 @@ std::vector<std::string> run_inputs(const RunOptions& options,
   return inputs;
 }
 
+// The HTML report's per-token weights: the token-weight probe on each multi-rank scenario of
+// the run, with each variant the run judged there, at most kMaxWeightPlots of them.
+constexpr std::size_t kMaxWeightPlots = 96;
+std::vector<reports::WeightPlot> weight_plots(const oracles::Evaluation& evaluation) {
+  std::vector<reports::WeightPlot> plots;
+  for (const oracles::EvaluationRow& row : evaluation.rows) {
+    if (plots.size() >= kMaxWeightPlots) break;
+    if (row.scenario.world_size < 2 || row.scenario.global_token_count() == 0) continue;
+    if (harness::not_applicable(row.variant, row.scenario)) continue;
+    const oracles::TokenWeightReport weights = oracles::probe_token_weights(row.scenario, row.variant);
+    if (weights.outcome != "ok") continue;
+    reports::WeightPlot plot{row.scenario.name, row.variant.name, weights.global_token_count,
+                             weights.expected_weight, {}};
+    for (const oracles::RankTokenWeights& rank : weights.ranks) plot.ranks.emplace_back(rank.rank, rank.weights);
+    plots.push_back(std::move(plot));
+  }
+  return plots;
+}
+
 int report(const oracles::Evaluation& evaluation, const RunOptions& options,
            const harness::RunSettings& settings) {
   if (evaluation.fault) {
@@ -288,6 +309,10 @@ int report(const oracles::Evaluation& evaluation, const RunOptions& options,
   }
   if (!options.junit_path.empty()) {
     reports::write_file_atomically(options.junit_path, reports::render_junit(json_report));
+  }
+  if (!options.html_path.empty()) {
+    reports::write_file_atomically(options.html_path,
+                                   reports::render_html(json_report, weight_plots(evaluation)));
   }
   if (!options.markdown_path.empty()) {
     reports::write_file_atomically(options.markdown_path,
@@ -377,14 +402,21 @@ int run_command(const RunOptions& options, int argc, char** argv) {
   return report(evaluation, options, settings);
 }
 
-int list_command(bool scenarios_only, bool variants_only) {
+// The catalogue (or, with files, the files' scenarios) and the variants; `names_only`: one
+// name per line, for scripts (the CMake function that registers scenario files as tests).
+int list_command(bool scenarios_only, bool variants_only, bool names_only,
+                 const std::vector<std::string>& files) {
   if (!variants_only) {
-    for (const scenarios::Scenario& s : scenarios::catalogue()) {
-      fmt::print("{}\n", scenarios::describe(s));
+    for (const scenarios::Scenario& s : scenario_pool(files, !files.empty())) {
+      fmt::print("{}\n", names_only ? s.name : scenarios::describe(s));
     }
   }
   if (!scenarios_only) {
     for (const harness::VariantSpec& v : harness::variants()) {
+      if (names_only) {
+        fmt::print("{}\n", v.name);
+        continue;
+      }
       fmt::print("{:<32} {:<17} reference {}\n", v.name, harness::to_string(v.role), v.reference);
       fmt::print("    {}\n", v.summary);
       for (const harness::Citation& c : v.cites) fmt::print("    {}\n", harness::to_string(c));
@@ -482,6 +514,9 @@ int run_command_line(int argc, char** argv) {
                   "variant name or shell pattern (repeatable; default: every variant)");
   run->add_option("--json", run_options.json_path, "write one JSON record per row to PATH");
   run->add_option("--markdown", run_options.markdown_path, "write a pull-request report to PATH");
+  run->add_option("--html", run_options.html_path,
+                  "write a self-contained HTML report to PATH: the verdict grid, per-token weights, "
+                  "errors against tolerance");
   run->add_option("--junit", run_options.junit_path,
                   "write JUnit XML to PATH: a testcase per row, failures for unexpected rows");
   run->add_option("--digests", run_options.digests_path,
@@ -518,6 +553,12 @@ int run_command_line(int argc, char** argv) {
   CLI::App* list = app.add_subcommand("list", "list the scenario catalogue and the variants");
   list->add_flag("--scenarios", scenarios_only, "scenarios only");
   list->add_flag("--variants", variants_only, "variants only");
+  bool names_only = false;
+  list->add_flag("--names", names_only, "names only, one per line");
+  std::vector<std::string> list_files;
+  list->add_option("--scenario-file,-f", list_files,
+                   "list this file's scenarios instead of the catalogue (repeatable)")
+      ->check(CLI::ExistingFile);
 
   std::string show_name;
   CLI::App* show = app.add_subcommand("show", "describe one scenario and its oracle");
@@ -619,6 +660,8 @@ int run_command_line(int argc, char** argv) {
   diff->add_option("--markdown", diff_options.markdown_path,
                    "write the pull-request comment to PATH (default: print it)");
   diff->add_option("--junit", diff_options.junit_path, "write JUnit XML to PATH");
+  diff->add_option("--html", diff_options.html_path,
+                   "write a self-contained HTML page to PATH: the grid by change, the head's errors");
   diff->add_option("--drift-ulp", diff_options.drift_ulp,
                    "a passing row drifts when its max ULP to the oracle grew by more than this (default 64)")
       ->check(CLI::Range(std::int64_t{0}, std::int64_t{1} << 62));
@@ -636,7 +679,8 @@ int run_command_line(int argc, char** argv) {
         {"--json", run_options.json_path, run->count("--json") > 0},
         {"--markdown", run_options.markdown_path, run->count("--markdown") > 0},
         {"--digests", run_options.digests_path, run->count("--digests") > 0},
-        {"--junit", run_options.junit_path, run->count("--junit") > 0}};
+        {"--junit", run_options.junit_path, run->count("--junit") > 0},
+        {"--html", run_options.html_path, run->count("--html") > 0}};
     if (run->count("--nproc") > 0 && run->count("--launcher") == 0) {
       run_options.launcher = "processes";
     }
@@ -650,10 +694,11 @@ int run_command_line(int argc, char** argv) {
   }
   try {
     if (*run) return run_command(run_options, argc, argv);
-    if (*list) return list_command(scenarios_only, variants_only);
+    if (*list) return list_command(scenarios_only, variants_only, names_only, list_files);
     if (*diff) {
       diff_options.markdown_given = diff->count("--markdown") > 0;
       diff_options.junit_given = diff->count("--junit") > 0;
+      diff_options.html_given = diff->count("--html") > 0;
       return tools::diff_command(diff_options);
     }
     if (*validate_report) return tools::validate_report_command(validate_path);

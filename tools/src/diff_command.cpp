@@ -11,6 +11,7 @@
 #include <cstdio>
 
 #include "gradnorm/reports/diff.hpp"
+#include "gradnorm/reports/html.hpp"
 #include "gradnorm/reports/report.hpp"
 #include "gradnorm/scenarios/scenario.hpp"
 #include "report_paths.hpp"
@@ -20,7 +21,8 @@ namespace gradnorm::tools {
 
 int diff_command(const DiffCommandOptions& options) {
   check_report_paths({{"--markdown", options.markdown_path, options.markdown_given},
-                      {"--junit", options.junit_path, options.junit_given}},
+                      {"--junit", options.junit_path, options.junit_given},
+                      {"--html", options.html_path, options.html_given}},
                      {options.base, options.head});
   const nlohmann::json base = reports::read_json_report(options.base);
   const nlohmann::json head = reports::read_json_report(options.head);
@@ -37,6 +39,9 @@ int diff_command(const DiffCommandOptions& options) {
   remove_partial_reports_on_signals();
   if (!options.junit_path.empty()) {
     reports::write_file_atomically(options.junit_path, reports::render_diff_junit(diff));
+  }
+  if (!options.html_path.empty()) {
+    reports::write_file_atomically(options.html_path, reports::render_diff_html(diff, head));
   }
   if (!options.markdown_path.empty()) {
     reports::write_file_atomically(options.markdown_path, markdown);

@@ -11,8 +11,10 @@ struct DiffCommandOptions {
   std::string head;
   std::string markdown_path;
   std::string junit_path;
+  std::string html_path;
   bool markdown_given = false;
   bool junit_given = false;
+  bool html_given = false;
   std::int64_t drift_ulp = 64;
   double drift_factor = 2.0;
 };
