@@ -55,10 +55,21 @@ Enum parse_name(const NameTable<Enum, Size>& table, std::string_view text, std::
                                  fmt::join(accepted, ", ")));
 }
 
+// A name as a message can carry it: control characters as \xNN (a NUL would end the
+// message, a newline split it).
+std::string printable(const std::string& name) {
+  std::string out;
+  for (char c : name) {
+    const auto u = static_cast<unsigned char>(c);
+    out += u < 0x20 || u == 0x7f ? fmt::format("\\x{:02x}", u) : std::string(1, c);
+  }
+  return out;
+}
+
 void require(bool condition, const Scenario& scenario, std::string_view field,
              const std::string& detail) {
   if (!condition) {
-    throw InvalidInput(fmt::format("scenario '{}': {} {}", scenario.name, field, detail));
+    throw InvalidInput(fmt::format("scenario '{}': {} {}", printable(scenario.name), field, detail));
   }
 }
 
@@ -89,6 +100,13 @@ long Scenario::global_token_count() const {
 
 void validate(const Scenario& s) {
   require(!s.name.empty(), s, "name", "must not be empty");
+  // A control character (a newline, a NUL) would cut the terminal table and break the
+  // Markdown one; names are printed everywhere, so they are refused at the door.
+  for (char c : s.name) {
+    const auto u = static_cast<unsigned char>(c);
+    require(u >= 0x20 && u != 0x7f, s, "name",
+            fmt::format("holds the control character 0x{:02x}; names are printed in tables", u));
+  }
   require(s.world_size >= 1 && s.world_size <= 4096, s, "world_size",
           fmt::format("must be in [1, 4096], got {}", s.world_size));
   for (auto [field, size] : {std::pair{"dp_replicate", s.dp_replicate}, std::pair{"tp", s.tp},

@@ -5,6 +5,7 @@
 #include <toml++/toml.h>
 
 #include <filesystem>
+#include <limits>
 #include <fstream>
 #include <set>
 #include <sstream>
@@ -57,7 +58,11 @@ class Reader {
   void read_enum(std::string_view key, Enum& out, Enum (*parse)(std::string_view)) {
     std::string text;
     read(key, text, "a string");
-    if (text.empty()) return;
+    if (text.empty()) {
+      // Absent keeps the default; present and empty is a mistake, not a default.
+      if (table_.get(key) != nullptr) fail(key, "must not be empty");
+      return;
+    }
     try {
       out = parse(text);
     } catch (const InvalidInput& error) {
@@ -101,7 +106,10 @@ void read_model(Reader& r, Scenario& s, const std::string& source) {
     return;
   }
   if (text == "torchscript") r.fail("model", "needs a file: \"torchscript:PATH\"");
-  if (text.empty()) return;
+  if (text.empty()) {
+    if (r.node("model") != nullptr) r.fail("model", "must not be empty");
+    return;
+  }
   try {
     s.model = parse_model_kind(text);
   } catch (const InvalidInput& error) {
@@ -159,6 +167,11 @@ Scenario read_scenario(const toml::table& table, const std::string& where,
       for (const toml::node& count : *micro) {
         const std::optional<std::int64_t> value = count.value_exact<std::int64_t>();
         if (!value) r.fail("valid_tokens", "must hold integers");
+        // Checked before narrowing: 4294967301 must not run as 5.
+        if (*value < 0 || *value > std::numeric_limits<int>::max()) {
+          r.fail("valid_tokens", fmt::format("holds {}, out of range [0, {}]", *value,
+                                             std::numeric_limits<int>::max()));
+        }
         row.push_back(static_cast<int>(*value));
       }
       s.valid_tokens.push_back(std::move(row));

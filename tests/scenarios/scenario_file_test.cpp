@@ -1,6 +1,7 @@
 #include <gtest/gtest.h>
 
 #include <string>
+#include <vector>
 
 #include "gradnorm/scenarios/scenario_file.hpp"
 
@@ -71,6 +72,43 @@ TEST(ScenarioFile, RejectsAnUnknownEnumValueListingTheChoices) {
 
 TEST(ScenarioFile, RejectsImpossibleCountsThroughValidate) {
   EXPECT_TRUE(rejects("[[scenario]]\nname = \"x\"\nvalid_tokens = [[50]]\n", "asks for 50 valid tokens but holds 14"));
+}
+
+// Integers are range-checked before they are narrowed: 2^32 + 5 must not run as 5, and a
+// pair that wraps to [[5], [3]] must not run as that. The control: an in-range count reads.
+TEST(ScenarioFile, RejectsCountsThatWouldWrapWhenNarrowed) {
+  EXPECT_TRUE(rejects("[[scenario]]\nname = \"x\"\nvalid_tokens = [[4294967301]]\n",
+                      "valid_tokens holds 4294967301, out of range"));
+  EXPECT_TRUE(rejects("[[scenario]]\nname = \"x\"\nworld_size = 2\nvalid_tokens = [[-4294967291], [4294967299]]\n",
+                      "valid_tokens holds -4294967291, out of range"));
+  EXPECT_TRUE(rejects("[[scenario]]\nname = \"x\"\nsteps = 4294967297\n", "steps is out of range"));
+  EXPECT_EQ(parse_scenarios("[[scenario]]\nname = \"x\"\nvalid_tokens = [[5]]\n", "t.toml").at(0).valid_tokens,
+            (std::vector<std::vector<int>>{{5}}));
+}
+
+// An empty string is not a default: dtype = "" and model = "" are refused by name.
+TEST(ScenarioFile, RejectsEmptyEnumStrings) {
+  for (const char* key : {"dtype", "mask", "loss", "optimizer", "rank_average", "model"}) {
+    EXPECT_TRUE(rejects(std::string("[[scenario]]\nname = \"x\"\n") + key + " = \"\"\n",
+                        std::string(key) + " must not be empty"));
+  }
+}
+
+// Names are printed in tables: a newline or a NUL in one would cut them. The control: a
+// name with spaces and brackets is fine.
+TEST(ScenarioFile, RejectsControlCharactersInNames) {
+  EXPECT_TRUE(rejects("[[scenario]]\nname = \"a\\nb\"\n", "holds the control character 0x0a"));
+  EXPECT_TRUE(rejects("[[scenario]]\nname = \"a\\u0000b\"\n", "holds the control character 0x00"));
+  EXPECT_TRUE(rejects("[[scenario]]\nname = \"tab\\there\"\n", "holds the control character 0x09"));
+  EXPECT_EQ(parse_scenarios("[[scenario]]\nname = \"a [1, 7] b\"\n", "t.toml").at(0).name, "a [1, 7] b");
+}
+
+// Floating fields refuse NaN and the infinities (TOML spells them nan and inf).
+TEST(ScenarioFile, RejectsNonFiniteNumbers) {
+  EXPECT_TRUE(rejects("[[scenario]]\nname = \"x\"\nlearning_rate = nan\n", "learning_rate"));
+  EXPECT_TRUE(rejects("[[scenario]]\nname = \"x\"\nweight_decay = inf\n", "weight_decay"));
+  EXPECT_TRUE(rejects("[[scenario]]\nname = \"x\"\nclip_max_norm = -inf\n", "clip_max_norm"));
+  EXPECT_TRUE(rejects("[[scenario]]\nname = \"x\"\nmomentum = nan\n", "momentum"));
 }
 
 TEST(ScenarioFile, ReportsTheLineOfMalformedToml) {

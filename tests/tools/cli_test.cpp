@@ -671,3 +671,24 @@ TEST(Bench, TheFloorReachesGradnormsVerdictsOnTheStream) {
 
 }  // namespace
 }  // namespace gradnorm
+
+namespace gradnorm {
+namespace {
+
+// CLI11's Range lets NaN through; --timeout nan would then run with a negative timeout.
+// The control: a finite timeout runs.
+TEST(Cli, NonFiniteNumbersOnTheCommandLineAreUsageErrors) {
+  for (const char* value : {"nan", "inf", "-inf", "NaN"}) {
+    const std::vector<std::string> args = {"run", "-q", "-s", "single/n3/float32", "-v", "baseline", "--timeout", value};
+    const CliResult r = run_cli(args);
+    EXPECT_EQ(r.exit_code, 2) << explain(args, r);
+    EXPECT_TRUE(contains(r.output, "must be a finite number")) << explain(args, r);
+  }
+  const std::vector<std::string> ok = {"run", "-q", "-s", "single/n3/float32", "-v", "baseline", "--timeout", "5"};
+  EXPECT_EQ(run_cli(ok).exit_code, 0);
+  const CliResult diff = run_cli({"diff", "a.json", "b.json", "--drift-factor", "nan"});
+  EXPECT_EQ(diff.exit_code, 2) << diff.output;
+}
+
+}  // namespace
+}  // namespace gradnorm

@@ -11,6 +11,7 @@
 
 #include <algorithm>
 #include <chrono>
+#include <cmath>
 #include <cstdio>
 #include <iostream>
 #include <set>
@@ -504,6 +505,21 @@ int run_command_line(int argc, char** argv) {
   app.require_subcommand(1);
 
   RunOptions run_options;
+  // CLI11's Range lets NaN through (every comparison with it is false): refuse it, and the
+  // infinities, by name.
+  const CLI::Validator finite_number(
+      [](std::string& text) {
+        double value = 0;
+        try {
+          std::size_t used = 0;
+          value = std::stod(text, &used);
+          if (used != text.size()) return std::string("is not a number: ") + text;
+        } catch (const std::exception&) {
+          return std::string("is not a number: ") + text;
+        }
+        return std::isfinite(value) ? std::string() : std::string("must be a finite number, got ") + text;
+      },
+      "FINITE");
   CLI::App* run = app.add_subcommand("run", "run scenarios x variants and print the verdicts");
   run->add_option("--scenario,-s", run_options.scenario_patterns,
                   "scenario name or shell pattern (repeatable; default: the whole catalogue)");
@@ -537,6 +553,7 @@ int run_command_line(int argc, char** argv) {
       ->check(CLI::Range(1, 1024));
   run->add_option("--timeout", run_options.timeout_seconds,
                   "seconds a rank may wait for its peers in one collective (default 60)")
+      ->check(finite_number)
       ->check(CLI::Range(0.01, 86400.0));
   run->add_option("--inject-fault", run_options.fault,
                   "make a rank fail on purpose: RANK:KIND[@STEP], KIND one of throw, exit, hang");
@@ -667,6 +684,7 @@ int run_command_line(int argc, char** argv) {
       ->check(CLI::Range(std::int64_t{0}, std::int64_t{1} << 62));
   diff->add_option("--drift-factor", diff_options.drift_factor,
                    "... or its relative L2 error grew by this factor (default 2)")
+      ->check(finite_number)
       ->check(CLI::Range(1.0, 1e12));
   std::string validate_path;
   CLI::App* validate_report = app.add_subcommand(
