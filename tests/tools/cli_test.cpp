@@ -692,3 +692,28 @@ TEST(Cli, NonFiniteNumbersOnTheCommandLineAreUsageErrors) {
 
 }  // namespace
 }  // namespace gradnorm
+
+namespace gradnorm {
+namespace {
+
+// Silent acceptances that are now input errors (exit 2) before any rank starts: --nproc with
+// --launcher threads, and a fault injected into a rank that the processes do not have. The
+// control: a fault in an existing rank process fails the run as a rank failure (exit 3).
+TEST(Cli, ContradictoryLaunchOptionsAreInputErrors) {
+  const std::vector<std::string> both = {"run", "-q", "-s", "dist/5-3/float32", "--nproc", "2", "--launcher", "threads"};
+  const CliResult r = run_cli(both);
+  EXPECT_EQ(r.exit_code, 2) << explain(both, r);
+  EXPECT_TRUE(contains(r.output, "cannot go with --launcher threads")) << explain(both, r);
+  const std::vector<std::string> far = {"run", "-q", "-s", "dist/5-3/float32", "-v", "baseline", "--nproc", "2",
+                                        "--inject-fault", "5:throw"};
+  const CliResult f = run_cli(far);
+  EXPECT_EQ(f.exit_code, 2) << explain(far, f);
+  EXPECT_TRUE(contains(f.output, "rank 5 does not exist with --nproc 2")) << explain(far, f);
+  const std::vector<std::string> near = {"run", "-q", "-s", "dist/5-3/float32", "-v", "baseline", "--nproc", "2",
+                                         "--inject-fault", "1:throw", "--timeout", "20"};
+  const CliResult n = run_cli(near);
+  EXPECT_EQ(n.exit_code, 3) << explain(near, n);
+}
+
+}  // namespace
+}  // namespace gradnorm

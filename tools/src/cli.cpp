@@ -192,6 +192,7 @@ struct RunOptions {
   bool ignore_findings = false;
   std::string launcher = "threads";
   int processes = 0;
+  bool processes_given = false;  // --nproc was on the command line
   double timeout_seconds = 60;
   std::string fault;
   std::string backend = "gloo";
@@ -348,10 +349,19 @@ int run_command(const RunOptions& options, int argc, char** argv) {
   run_options.timeout = timeout_of(options);
   python::set_step_timeout(run_options.timeout);
   if (!options.fault.empty()) run_options.fault = harness::parse_fault(options.fault);
+  if (options.launcher == "threads" && options.processes_given) {
+    throw scenarios::InvalidInput(
+        "--nproc W starts W rank processes; it cannot go with --launcher threads (drop one)");
+  }
 
   if (options.launcher == "processes") {
     if (options.processes < 1) {
       throw scenarios::InvalidInput("--launcher processes needs --nproc W (the number of ranks)");
+    }
+    if (run_options.fault.rank >= options.processes) {
+      throw scenarios::InvalidInput(fmt::format(
+          "--inject-fault {}: rank {} does not exist with --nproc {} (ranks 0..{})", options.fault,
+          run_options.fault.rank, options.processes, options.processes - 1));
     }
     (void)with_world_size(scenario_list, options.processes);  // fail here, not in W children
     if (options.backend == "nccl" && !harness::nccl_compiled_in()) {
@@ -699,6 +709,7 @@ int run_command_line(int argc, char** argv) {
         {"--digests", run_options.digests_path, run->count("--digests") > 0},
         {"--junit", run_options.junit_path, run->count("--junit") > 0},
         {"--html", run_options.html_path, run->count("--html") > 0}};
+    run_options.processes_given = run->count("--nproc") > 0;
     if (run->count("--nproc") > 0 && run->count("--launcher") == 0) {
       run_options.launcher = "processes";
     }
