@@ -305,7 +305,10 @@ int report(const oracles::Evaluation& evaluation, const RunOptions& options,
     return tools::kExitRankFailed;
   }
   // Reports are complete before anything is printed as done; each is written atomically.
-  const nlohmann::json json_report = reports::to_json(evaluation, settings, reproduce_arguments(options));
+  // Built only when a report is made from it: for a large run it is not free.
+  const bool wants_json = !options.json_path.empty() || !options.junit_path.empty() || !options.html_path.empty();
+  const nlohmann::json json_report =
+      wants_json ? reports::to_json(evaluation, settings, reproduce_arguments(options)) : nlohmann::json();
   if (!options.json_path.empty()) {
     reports::write_file_atomically(options.json_path, json_report.dump(2) + "\n");
   }
