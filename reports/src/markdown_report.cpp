@@ -81,37 +81,22 @@ std::string render_markdown(const oracles::Evaluation& evaluation,
   }
 
   // Per variant: the verdict tally and, for negative controls, how many were caught.
-  struct Tally {
-    int rows = 0, pass = 0, fail = 0, expected_error = 0, error_mismatch = 0, unmet = 0;
-    int visible = 0, caught = 0;
-  };
-  std::map<std::string, Tally> tallies;
+  std::map<std::string, Summary> tallies;
   std::vector<std::string> variants;
   for (const oracles::EvaluationRow& row : evaluation.rows) {
     auto [it, inserted] = tallies.try_emplace(row.variant.name);
     if (inserted) variants.push_back(row.variant.name);
-    Tally& t = it->second;
-    ++t.rows;
-    switch (row.verdict.kind) {
-      case oracles::VerdictKind::pass: ++t.pass; break;
-      case oracles::VerdictKind::fail: ++t.fail; break;
-      case oracles::VerdictKind::expected_error: ++t.expected_error; break;
-      case oracles::VerdictKind::error_mismatch: ++t.error_mismatch; break;
-    }
-    t.unmet += !row.met;
-    if (row.expectation == oracles::Expectation::flag) {
-      ++t.visible;
-      t.caught += row.met;
-    }
+    count_row(it->second, row);
   }
   out += "<details><summary>Per variant</summary>\n\n"
          "| variant | rows | pass | fail | expected-error | error-mismatch | controls caught | unexpected |\n"
          "|---|---|---|---|---|---|---|---|\n";
   for (const std::string& name : variants) {
-    const Tally& t = tallies.at(name);
-    add(fmt::format("| `{}` | {} | {} | {} | {} | {} | {} | {} |\n", detail::markdown_cell(name), t.rows, t.pass, t.fail,
-                    t.expected_error, t.error_mismatch,
-                    t.visible ? fmt::format("{}/{}", t.caught, t.visible) : std::string("-"), t.unmet));
+    const Summary& t = tallies.at(name);
+    add(fmt::format("| `{}` | {} | {} | {} | {} | {} | {} | {} |\n", detail::markdown_cell(name), t.rows, t.passed,
+                    t.failed, t.expected_errors, t.error_mismatches,
+                    t.controls_visible ? fmt::format("{}/{}", t.controls_caught, t.controls_visible) : std::string("-"),
+                    t.unmet));
   }
   out += "\n</details>\n";
   if (const std::size_t left_out = writer.left_out(); left_out > 0) {

@@ -2,23 +2,25 @@
 
 namespace gradnorm::reports {
 
+void count_row(Summary& s, const oracles::EvaluationRow& row) {
+  ++s.rows;
+  switch (row.verdict.kind) {
+    case oracles::VerdictKind::pass: ++s.passed; break;
+    case oracles::VerdictKind::fail: ++s.failed; break;
+    case oracles::VerdictKind::expected_error: ++s.expected_errors; break;
+    case oracles::VerdictKind::error_mismatch: ++s.error_mismatches; break;
+  }
+  if (!row.met) ++s.unmet;
+  if (row.expectation == oracles::Expectation::flag) {
+    ++s.controls_visible;
+    if (row.met) ++s.controls_caught;
+  }
+  if (row.expectation == oracles::Expectation::finding && row.met) ++s.findings;
+}
+
 Summary summarize(const oracles::Evaluation& evaluation) {
   Summary s;
-  for (const oracles::EvaluationRow& row : evaluation.rows) {
-    ++s.rows;
-    switch (row.verdict.kind) {
-      case oracles::VerdictKind::pass: ++s.passed; break;
-      case oracles::VerdictKind::fail: ++s.failed; break;
-      case oracles::VerdictKind::expected_error: ++s.expected_errors; break;
-      case oracles::VerdictKind::error_mismatch: ++s.error_mismatches; break;
-    }
-    if (!row.met) ++s.unmet;
-    if (row.expectation == oracles::Expectation::flag) {
-      ++s.controls_visible;
-      if (row.met) ++s.controls_caught;
-    }
-    if (row.expectation == oracles::Expectation::finding && row.met) ++s.findings;
-  }
+  for (const oracles::EvaluationRow& row : evaluation.rows) count_row(s, row);
   return s;
 }
 

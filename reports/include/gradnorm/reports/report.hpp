@@ -26,6 +26,8 @@ struct Summary {
 };
 
 [[nodiscard]] Summary summarize(const oracles::Evaluation& evaluation);
+// Adds one row to a summary (summarize is this over every row; the Markdown tallies per variant).
+void count_row(Summary& summary, const oracles::EvaluationRow& row);
 
 // A fixed-width table, one line per row, then the reasons of every unexpected row and a
 // summary line. No colour, no timestamps.
