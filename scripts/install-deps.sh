@@ -13,6 +13,7 @@ packages=(
   libmimalloc-dev                   # the gradnorm executable's allocator (docs/design.md §8)
   libvalijson-dev                   # gradnorm validate-report: JSON Schema validation
   python3-jsonschema                # tests: a second, independent validator of the report schema
+  clang libclang-rt-14-dev          # tests: the scenario-file parser under libFuzzer (fuzz/)
 )
 
 missing=()

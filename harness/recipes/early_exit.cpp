@@ -4,6 +4,8 @@
 // is divided by num_tokens alone.
 #include <ATen/ATen.h>
 
+#include <algorithm>
+
 #include <fmt/format.h>
 
 #include "qat.hpp"
@@ -42,6 +44,12 @@ class EarlyExitFinetune final : public QatFinetune {
 // weighing 1/(W N); the optimizer-in-backward path divides by num_tokens alone, the same.
 std::optional<Finding> findings(const scenarios::Scenario& s, const ContractFacts& facts) {
   if (facts.global_token_count == 0 || s.world_size == 1) return std::nullopt;
+  // An empty micro-batch's (or rank's) 0/0 mean reaches the logged loss, as in the
+  // distributed recipe it copies.
+  std::vector<std::string> checks{"gradients"};
+  bool empty = false;
+  for (const auto& row : s.valid_tokens) empty = empty || std::find(row.begin(), row.end(), 0) != row.end();
+  if (empty) checks.push_back("logged-loss");
   return Finding{"fail",
                  fmt::format("{}:928 scales the gradients by 1 / num_tokens after FSDP has "
                              "averaged them over the {} ranks ({}:916 divides the "
@@ -50,7 +58,8 @@ std::optional<Finding> findings(const scenarios::Scenario& s, const ContractFact
                              "(relative error 1 - 1/W = {:.2g}); full_finetune_distributed "
                              "scales by world_size / num_tokens",
                              kRecipe, s.world_size, kRecipe,
-                             1.0 - 1.0 / static_cast<double>(s.world_size))};
+                             1.0 - 1.0 / static_cast<double>(s.world_size)),
+                 checks};
 }
 
 }  // namespace

@@ -148,8 +148,11 @@ std::optional<Finding> single_device_findings(const scenarios::Scenario& s,
           ? "; clipping then rescales the too-small gradients less, so the norm it reports "
             "is 1/N of the contract's"
           : "; the logged loss is right (682-686)";
+  std::vector<std::string> checks{"gradients"};
+  if (has_empty_micro_batch(s)) checks.push_back("logged-loss");
   return Finding{"fail", fmt::format(kMeansScaledByN, "1 / num_tokens",
-                                     fmt::format("{}:663-670", kSingleDevice), more)};
+                                     fmt::format("{}:663-670", kSingleDevice), more),
+                 checks};
 }
 
 std::optional<Finding> distributed_findings(const scenarios::Scenario& s,
@@ -161,9 +164,15 @@ std::optional<Finding> distributed_findings(const scenarios::Scenario& s,
   std::string more = "; it logs the last micro-batch's own losses on each rank (829-833), not "
                      "the all-reduced means it has just computed (821-822)";
   if (clip_bites) more += ", and it never clips: clip_grad_norm is not read in train()";
+  // Each rank logs its own last micro-batch: a wrong logged loss wherever there is more than
+  // one micro-batch or rank, and replicas that log different numbers.
+  std::vector<std::string> checks{"gradients"};
+  if (s.world_size > 1 || s.accumulation_steps > 1 || has_empty_micro_batch(s)) checks.push_back("logged-loss");
+  if (s.world_size > 1) checks.push_back("ranks-agree");
   return Finding{"fail",
                  fmt::format(kMeansScaledByN, "world_size / num_tokens after FSDP's 1/W average",
-                             fmt::format("{}:806-820", kDistributed), more)};
+                             fmt::format("{}:806-820", kDistributed), more),
+                 checks};
 }
 
 std::optional<std::string> one_device(const scenarios::Scenario& s) {

@@ -130,7 +130,7 @@ std::optional<Finding> documented_finding(const VariantSpec& variant,
                                           const ContractFacts& facts) {
   for (const scenarios::ExpectedVerdict& e : scenario.expected_verdicts) {
     if (fnmatch(e.variant_pattern.c_str(), variant.name.c_str(), 0) == 0) {
-      return Finding{e.verdict, e.reason};
+      return Finding{e.verdict, e.reason, e.checks};
     }
   }
   if (variant.findings) return variant.findings(scenario, facts);

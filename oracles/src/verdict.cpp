@@ -5,6 +5,7 @@
 #include <fmt/format.h>
 #include <fmt/ranges.h>
 
+#include <algorithm>
 #include <cmath>
 #include <limits>
 
@@ -14,11 +15,33 @@
 namespace gradnorm::oracles {
 namespace {
 
+// Records a failed check once, keeping the list sorted.
+void add_check(Verdict& v, std::string_view check) {
+  const auto at = std::lower_bound(v.failed_checks.begin(), v.failed_checks.end(), check);
+  if (at == v.failed_checks.end() || *at != check) v.failed_checks.insert(at, std::string(check));
+}
+
 bool finite_tensors(const std::vector<harness::NamedTensor>& tensors) {
   for (const harness::NamedTensor& t : tensors) {
     if (t.value.defined() && !all_finite(t.value)) return false;
   }
   return true;
+}
+
+// Every step's parameters finite, and some of them different from where the step began.
+bool moved_finitely(const harness::Observation& o) {
+  const std::vector<harness::NamedTensor>* before = &o.initial_parameters;
+  bool moved = false;
+  for (const harness::StepRecord& step : o.steps) {
+    if (!finite_tensors(step.parameters_after)) return false;
+    for (std::size_t i = 0; i < step.parameters_after.size() && i < before->size(); ++i) {
+      const at::Tensor& a = step.parameters_after[i].value;
+      const at::Tensor& b = (*before)[i].value;
+      moved = moved || (a.defined() && b.defined() && !at::equal(a, b));
+    }
+    before = &step.parameters_after;
+  }
+  return moved;
 }
 
 // The larger error, NaN counting as the largest.
@@ -53,12 +76,13 @@ void judge_numbers(const scenarios::Scenario& s, const harness::Observation& obs
                    const OracleResult& oracle, Verdict& v) {
   const Tolerance& tolerance = tolerance_for(s.dtype);
   const c10::ScalarType dtype = harness::scalar_type(s.dtype);
-  auto fail = [&](std::string reason) {
+  auto fail = [&](std::string_view check, std::string reason) {
     v.kind = VerdictKind::fail;
+    add_check(v, check);
     v.reasons.push_back(std::move(reason));
   };
   if (observed.steps.size() != oracle.steps.size()) {
-    fail(fmt::format("completed {} of {} steps", observed.steps.size(), oracle.steps.size()));
+    fail("steps", fmt::format("completed {} of {} steps", observed.steps.size(), oracle.steps.size()));
   }
   for (std::size_t step = 0; step < std::min(observed.steps.size(), oracle.steps.size()); ++step) {
     const harness::StepRecord& got = observed.steps[step];
@@ -67,11 +91,11 @@ void judge_numbers(const scenarios::Scenario& s, const harness::Observation& obs
     const ErrorMetrics gradients = compare_tensors(got.gradients, want.gradients, dtype);
     v.gradients.merge(gradients);
     if (!gradients.complete) {
-      fail(fmt::format("step {}: the optimizer consumed no gradient ({})", step, gradients.worst));
+      fail("gradients", fmt::format("step {}: the optimizer consumed no gradient ({})", step, gradients.worst));
     } else if (!gradients.all_finite) {
-      fail(fmt::format("step {}: non-finite gradients ({})", step, gradients.worst));
+      fail("gradients", fmt::format("step {}: non-finite gradients ({})", step, gradients.worst));
     } else if (gradients.rel_l2_error > tolerance.tensor_rel_l2) {
-      fail(fmt::format("step {}: gradients rel L2 error {:.3g} > {:.0e} (worst {})", step,
+      fail("gradients", fmt::format("step {}: gradients rel L2 error {:.3g} > {:.0e} (worst {})", step,
                        gradients.rel_l2_error, tolerance.tensor_rel_l2, gradients.worst));
     }
 
@@ -86,39 +110,39 @@ void judge_numbers(const scenarios::Scenario& s, const harness::Observation& obs
     // tell a step from no step, so it is reported as not made rather than passed.
     constexpr double kMaxAllowance = 0.5;
     if (!update.all_finite) {
-      fail(fmt::format("step {}: non-finite parameters after the step ({})", step, update.worst));
+      fail("parameter-update", fmt::format("step {}: non-finite parameters after the step ({})", step, update.worst));
     } else if (allowance > kMaxAllowance) {
       v.notes.push_back(fmt::format(
           "step {}: parameter update not checked: one ULP of {} storage is {:.2g} of the "
           "oracle's update",
           step, scenarios::to_string(s.dtype), allowance));
     } else if (update.rel_l2_error > tolerance.tensor_rel_l2 + allowance) {
-      fail(fmt::format("step {}: parameter update rel L2 error {:.3g} > {:.0e} + {:.2g} for "
+      fail("parameter-update", fmt::format("step {}: parameter update rel L2 error {:.3g} > {:.0e} + {:.2g} for "
                        "{} storage (worst {})",
                        step, update.rel_l2_error, tolerance.tensor_rel_l2, allowance,
                        scenarios::to_string(s.dtype), update.worst));
     }
 
     if (!got.logged_loss) {
-      fail(fmt::format("step {}: no loss was logged", step));
+      fail("logged-loss", fmt::format("step {}: no loss was logged", step));
     } else {
       const double error = relative_error(*got.logged_loss, want.loss);
       v.logged_loss_rel_error = worst_of(v.logged_loss_rel_error, error);
       if (!(error <= tolerance.scalar_rel)) {
-        fail(fmt::format("step {}: logged loss {:.9g}, oracle {:.9g}, rel error {:.3g} > {:.0e}",
+        fail("logged-loss", fmt::format("step {}: logged loss {:.9g}, oracle {:.9g}, rel error {:.3g} > {:.0e}",
                          step, *got.logged_loss, want.loss, error, tolerance.scalar_rel));
       }
     }
 
     if (s.clip_max_norm) {
       if (!got.grad_norm) {
-        fail(fmt::format("step {}: clip_max_norm is {} but clip_grad_norm_ never ran", step,
+        fail("grad-norm", fmt::format("step {}: clip_max_norm is {} but clip_grad_norm_ never ran", step,
                          *s.clip_max_norm));
       } else {
         const double error = relative_error(*got.grad_norm, want.total_norm);
         v.grad_norm_rel_error = worst_of(v.grad_norm_rel_error, error);
         if (!(error <= tolerance.scalar_rel)) {
-          fail(fmt::format("step {}: grad norm {:.9g}, oracle {:.9g}, rel error {:.3g} > {:.0e}",
+          fail("grad-norm", fmt::format("step {}: grad norm {:.9g}, oracle {:.9g}, rel error {:.3g} > {:.0e}",
                            step, *got.grad_norm, want.total_norm, error, tolerance.scalar_rel));
         }
       }
@@ -150,14 +174,27 @@ Verdict judge(const scenarios::Scenario& s, const harness::Observation& observed
   v.outcome = outcome_of(observed);
   const std::string expected = outcome_of(reference);
   if (oracle.no_gradient) {
+    // The contract, for a reference as for any step: no finite update where no gradient
+    // exists. A reference matches itself, so this is the check it meets (design §3).
+    if (!observed.error && moved_finitely(observed)) {
+      v.kind = VerdictKind::error_mismatch;
+      add_check(v, "error-behaviour");
+      v.reasons.push_back(fmt::format(
+          "N == 0 but the parameters moved by a finite step ({}): a silent update where no "
+          "gradient exists",
+          v.outcome));
+      return v;
+    }
     if (v.outcome == "finite") {
       v.kind = VerdictKind::error_mismatch;
-      v.reasons.push_back("N == 0 but the step returned finite gradients, loss and parameters: "
-                          "a silent update where no gradient exists");
+      add_check(v, "error-behaviour");
+      v.reasons.push_back(fmt::format("N == 0 but the step returned finite gradients, loss and "
+                                      "parameters: a silent update where no gradient exists"));
     } else if (v.outcome == expected) {
       v.kind = VerdictKind::expected_error;
     } else {
       v.kind = VerdictKind::error_mismatch;
+      add_check(v, "error-behaviour");
       v.reasons.push_back(fmt::format("N == 0: {}, but its reference {} {}", v.outcome,
                                       reference.variant, expected));
     }
@@ -168,6 +205,7 @@ Verdict judge(const scenarios::Scenario& s, const harness::Observation& observed
                                         reference.error->type == "refusal";
     v.kind = refused_like_reference ? VerdictKind::expected_error : VerdictKind::error_mismatch;
     if (!refused_like_reference) {
+      add_check(v, "error-behaviour");
       v.reasons.push_back(fmt::format("raised {} ({}) where the oracle has a gradient",
                                       observed.error->type, observed.error->message));
     }
@@ -202,6 +240,7 @@ Verdict judge_ranks(const scenarios::Scenario& s, const harness::RankedRun& obse
   auto aborted = [&](std::string why) {
     v.kind = VerdictKind::error_mismatch;
     v.outcome = "run aborted";
+    add_check(v, "run");
     v.reasons.push_back(std::move(why));
     return v;
   };
@@ -238,6 +277,7 @@ Verdict judge_ranks(const scenarios::Scenario& s, const harness::RankedRun& obse
     merge_optional_max(v.logged_loss_rel_error, one.logged_loss_rel_error);
     merge_optional_max(v.grad_norm_rel_error, one.grad_norm_rel_error);
     if (r == 0) v.notes = one.notes;
+    for (const std::string& check : one.failed_checks) add_check(v, check);
     if (!same_reasons || r == 0) {
       for (const std::string& reason : one.reasons) {
         v.reasons.push_back(world == 1 ? reason
@@ -259,6 +299,7 @@ Verdict judge_ranks(const scenarios::Scenario& s, const harness::RankedRun& obse
                                                      harness::scalar_type(s.dtype));
     if (pair.comparable && !pair.bitwise_equal) {
       if (severity(v.kind) < severity(VerdictKind::fail)) v.kind = VerdictKind::fail;
+      add_check(v, "ranks-agree");
       v.reasons.push_back(fmt::format("ranks disagree: rank {} differs from rank 0 ({}, max {} ULP)",
                                       r, pair.first_difference, pair.max_ulp));
       break;

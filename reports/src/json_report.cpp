@@ -54,6 +54,7 @@ json record(const oracles::EvaluationRow& row) {
       {"met", row.met},
       {"why", row.applicability},
       {"reasons", v.reasons},
+      {"failed_checks", v.failed_checks},
       {"notes", v.notes},
       {"outcome", v.outcome},
       {"rel_l2_error", numbers ? number(v.gradients.rel_l2_error) : json(nullptr)},

@@ -48,22 +48,33 @@ Scenario distributed(std::string name, std::vector<std::vector<int>> counts) {
   return s;
 }
 
+// The checks a finding fails (ExpectedVerdict::checks): wrong gradients (whose update and
+// clipped norm follow), or the logged loss alone.
+const std::vector<std::string> kGradients{"gradients"};
+const std::vector<std::string> kLoggedLoss{"logged-loss"};
+
 void document(Scenario& s, std::initializer_list<const char*> patterns, const std::string& verdict,
-              const std::string& reason) {
-  for (const char* pattern : patterns) s.expected_verdicts.push_back({pattern, verdict, reason});
+              const std::string& reason, const std::vector<std::string>& checks = {}) {
+  for (const char* pattern : patterns) s.expected_verdicts.push_back({pattern, verdict, reason, checks});
 }
 
 constexpr const char* kRaggedSkip =
     "ranks hold different token counts: the skip path weighs a token on rank r by "
-    "1/(W n_r) instead of 1/N";
+    "1/(W n_r) instead of 1/N, and logs the mean of the ranks' means, which is the token mean "
+    "only when ranks are balanced";
 constexpr const char* kWorldSizeOnly =
     "scaling the skip path's gradients by W weighs a token by 1/n_r instead of 1/N: wrong by "
     "N/n_r even when ranks are balanced";
+constexpr const char* kWorldSizeOnlyRagged =
+    "scaling the skip path's gradients by W weighs a token by 1/n_r instead of 1/N (wrong by "
+    "N/n_r even when ranks are balanced), and on ragged ranks it logs the mean of the ranks' "
+    "means, not the token mean";
+const std::vector<std::string> kGradientsAndLoss{"gradients", "logged-loss"};
 
 // The seed's verdicts on ragged ranks, measured: skip and world-size-only fail.
 Scenario ragged(Scenario s) {
-  document(s, {"*skip"}, "fail", kRaggedSkip);
-  document(s, {"world-size-only"}, "fail", kWorldSizeOnly);
+  document(s, {"*skip"}, "fail", kRaggedSkip, kGradientsAndLoss);
+  document(s, {"world-size-only"}, "fail", kWorldSizeOnlyRagged, kGradientsAndLoss);
   return s;
 }
 
@@ -79,7 +90,7 @@ void add_distributed(std::vector<Scenario>& out) {
   }
   {
     Scenario balanced = distributed("dist/4-4", {{4}, {4}});
-    document(balanced, {"world-size-only"}, "fail", kWorldSizeOnly);
+    document(balanced, {"world-size-only"}, "fail", kWorldSizeOnly, kGradients);
     add_each_dtype(out, balanced);
   }
   // A fully masked rank beside a full one, and three empty ranks beside one: the empty
@@ -92,9 +103,16 @@ void add_distributed(std::vector<Scenario>& out) {
              {"*baseline", "global-prenorm", "qat-lora-distributed", "optimizer-in-backward"},
              "fail",
              "an empty rank's mean is 0/0 = NaN and NaN * 0 reaches every rank's logged loss "
-             "through the all-reduce; the gradients are right");
-    document(empty_rank, {"*skip", "world-size-only"}, "fail",
-             "the empty rank's NaN reaches the logged loss, and the gradients are wrong too");
+             "through the all-reduce; the gradients are right",
+             kLoggedLoss);
+    document(empty_rank, {"*skip"}, "fail",
+             "the empty rank's NaN reaches the logged loss, and the gradients are wrong too: the "
+             "full rank's tokens weigh 1/(W n_r), not 1/N",
+             {"gradients", "logged-loss"});
+    document(empty_rank, {"world-size-only"}, "fail",
+             "the empty rank's NaN reaches the logged loss; the gradients are right, because "
+             "the one rank with tokens holds all N of them and W x 1/(W N) = 1/N",
+             kLoggedLoss);
     add_each_dtype(out, empty_rank);
   }
   // Accumulation 2 on ragged ranks: the skip gate is closed.
@@ -128,7 +146,8 @@ void add_distributed(std::vector<Scenario>& out) {
 // without optimizer in backward. Measured, then documented.
 constexpr const char* kCandidatesOnMeshes =
     "the pull request's skip path (and the review's world_size-only reading) weigh a token by "
-    "its rank's own count: wrong on ragged data-parallel ranks, whatever the mesh adds";
+    "its rank's own count and log the mean of the ranks' means: wrong on ragged data-parallel "
+    "ranks, whatever the mesh adds";
 constexpr const char* kDpDegree =
     "optimizer in backward multiplies the loss by dp_degree / num_tokens "
     "(full_finetune_distributed.py:1023, qat_distributed.py:996), but num_tokens is all-reduced "
@@ -149,8 +168,8 @@ void add_meshes(std::vector<Scenario>& out) {
   };
   const auto candidates = {"skip", "world-size-only", "lora-skip", "qat-skip"};
   Scenario tp2 = mesh("dist/tp2", {{5}, {3}}, 2, 1, 1);
-  document(tp2, candidates, "fail", kCandidatesOnMeshes);
-  document(tp2, {"optimizer-in-backward"}, "fail", kDpDegree);
+  document(tp2, candidates, "fail", kCandidatesOnMeshes, kGradientsAndLoss);
+  document(tp2, {"optimizer-in-backward"}, "fail", kDpDegree, kGradients);
   add_each_dtype(out, tp2);
 
   // Every context-parallel shard holds labels here (random holes over 15 positions).
@@ -158,24 +177,31 @@ void add_meshes(std::vector<Scenario>& out) {
   cp2.micro_batch_size = 1;
   cp2.sequence_length = 16;
   cp2.mask = MaskPattern::random_holes;
-  document(cp2, candidates, "fail", kCandidatesOnMeshes);
-  document(cp2, {"optimizer-in-backward"}, "fail", kDpDegree);
+  document(cp2, candidates, "fail", kCandidatesOnMeshes, kGradientsAndLoss);
+  document(cp2, {"optimizer-in-backward"}, "fail", kDpDegree, kGradients);
   add_each_dtype(out, cp2);
 
   // Short responses with trailing padding: on the second data-parallel rank every label
   // sits in the first chunk of its sequence, so the other context-parallel rank holds none.
   Scenario padded = mesh("dist/cp2-padded", {{5}, {3}}, 1, 2, 1);
-  document(padded, {"*baseline", "global-prenorm", "qat-lora-distributed", "early-exit-distributed"},
-           "fail",
-           "a context-parallel rank whose shard is all padding has a token mean of 0/0 = NaN; "
-           "running_loss += NaN * 0 and the all-reduce carry it into every rank's logged loss; "
-           "the gradients are right");
-  document(padded, candidates, "fail", kCandidatesOnMeshes);
-  document(padded, {"optimizer-in-backward"}, "fail", kDpDegree);
+  constexpr const char* kPaddingShard =
+      "a context-parallel rank whose shard is all padding has a token mean of 0/0 = NaN; "
+      "running_loss += NaN * 0 and the all-reduce carry it into every rank's logged loss";
+  document(padded, {"*baseline", "global-prenorm", "qat-lora-distributed"}, "fail",
+           fmt::format("{}; the gradients are right", kPaddingShard), kLoggedLoss);
+  document(padded, {"early-exit-distributed"}, "fail",
+           fmt::format("{}; and the recipe's 1 / num_tokens after FSDP's 1/W average leaves the "
+                       "gradients 1/W of the contract's",
+                       kPaddingShard),
+           kGradientsAndLoss);
+  document(padded, candidates, "fail",
+           fmt::format("{}; {}", kCandidatesOnMeshes, kPaddingShard), kGradientsAndLoss);
+  document(padded, {"optimizer-in-backward"}, "fail", fmt::format("{}; {}", kDpDegree, kPaddingShard),
+           kGradientsAndLoss);
   add_each_dtype(out, padded);
 
   Scenario hsdp = mesh("dist/hsdp", {{5}, {3}, {4}, {2}}, 1, 1, 2);
-  document(hsdp, candidates, "fail", kCandidatesOnMeshes);
+  document(hsdp, candidates, "fail", kCandidatesOnMeshes, kGradientsAndLoss);
   add_each_dtype(out, hsdp);
 
   for (auto [name, tp, cp] : {std::tuple{"dist/tp2-in-bwd", 2, 1}, std::tuple{"dist/cp2-in-bwd", 1, 2}}) {
@@ -186,7 +212,7 @@ void add_meshes(std::vector<Scenario>& out) {
     in_bwd.optimizer_in_backward = true;
     document(in_bwd, {"baseline", "skip", "world-size-only", "optimizer-in-backward", "qat-baseline",
                       "qat-skip"},
-             "fail", kDpDegree);
+             "fail", kDpDegree, kGradients);
     add_each_dtype(out, in_bwd);
   }
 }
@@ -208,7 +234,8 @@ std::vector<Scenario> build_catalogue() {
             {pattern, "error-mismatch",
              "the loss's backward writes zero gradients for ignored tokens; the baseline then "
              "scales them by 1/0 and steps on NaN, this variant has no such pass and steps on "
-             "finite zeros"});
+             "finite zeros",
+             {}});
       }
     }
     add_each_dtype(out, s);
@@ -228,7 +255,7 @@ std::vector<Scenario> build_catalogue() {
                  "running_loss: the logged loss is NaN while the gradients are right";
     for (const char* pattern : {"*baseline", "*skip", "world-size-only", "global-prenorm",
                                 "qat-lora-distributed", "early-exit-distributed"}) {
-      s.expected_verdicts.push_back({pattern, verdict, reason});
+      s.expected_verdicts.push_back({pattern, verdict, reason, raises ? std::vector<std::string>{} : kLoggedLoss});
     }
     add_each_dtype(out, s);
   }
@@ -307,7 +334,8 @@ std::vector<Scenario> build_catalogue() {
              "so a max-norm of 0 skips clip_grad_norm_ (which would zero the gradients, as the "
              "recipe's own optimizer-in-backward check at :153 and every other recipe's `is not "
              "None` treat it): the step applies the whole unclipped gradient, and no norm is "
-             "logged");
+             "logged",
+             {"gradients", "grad-norm"});
     add_each_dtype(out, zero);
   }
   add_meshes(out);

@@ -1,10 +1,14 @@
 #include "gradnorm/scenarios/scenario.hpp"
+#include "gradnorm/scenarios/scenario_file.hpp"
 
 #include <fmt/format.h>
 #include <fmt/ranges.h>
 
+#include <algorithm>
 #include <array>
 #include <cmath>
+#include <filesystem>
+#include <limits>
 #include <numeric>
 #include <ostream>
 #include <utility>
@@ -66,6 +70,16 @@ std::string printable(const std::string& name) {
   return out;
 }
 
+// The largest finite value of each parameter dtype.
+double largest_finite(DType dtype) {
+  switch (dtype) {
+    case DType::float64: return std::numeric_limits<double>::max();
+    case DType::float32: return std::numeric_limits<float>::max();
+    case DType::bfloat16: return 0x1.fep127;  // 8 exponent bits as float32, 7 mantissa bits
+  }
+  return 0;
+}
+
 void require(bool condition, const Scenario& scenario, std::string_view field,
              const std::string& detail) {
   if (!condition) {
@@ -114,7 +128,10 @@ void validate(const Scenario& s) {
     require(size >= 1 && size <= s.world_size, s, field,
             fmt::format("must be in [1, world_size={}], got {}", s.world_size, size));
   }
-  require(s.world_size % (s.dp_replicate * s.tp * s.cp) == 0, s, "world_size",
+  // In 64 bits: each factor may be 4096, and their product overflows an int (found by the
+  // parser's fuzzer).
+  const long long mesh = static_cast<long long>(s.dp_replicate) * s.tp * s.cp;
+  require(s.world_size % mesh == 0, s, "world_size",
           fmt::format("{} is not dp_replicate {} x dp_shard x cp {} x tp {} for any dp_shard",
                       s.world_size, s.dp_replicate, s.cp, s.tp));
   require(s.cp == 1 || 2 * s.cp <= s.sequence_length, s, "cp",
@@ -142,6 +159,19 @@ void validate(const Scenario& s) {
           fmt::format("must be in [0, 1), got {}", s.momentum));
   require(std::isfinite(s.weight_decay) && s.weight_decay >= 0, s, "weight_decay",
           fmt::format("must be finite and >= 0, got {}", s.weight_decay));
+  // The optimizers scale parameters by these in the parameters' own dtype, where a value past
+  // the dtype's largest finite one fails inside a rank ("cannot be converted without
+  // overflow"); refused here, before any rank starts.
+  const double largest = largest_finite(s.dtype);
+  for (auto [field, value] : {std::pair{"learning_rate", s.learning_rate},
+                              std::pair{"weight_decay", s.weight_decay}}) {
+    require(value <= largest, s, field,
+            fmt::format("is {} but {} holds at most {:g}", value, to_string(s.dtype), largest));
+  }
+  require(s.learning_rate * s.weight_decay <= largest, s, "weight_decay",
+          fmt::format("times learning_rate is {:g} (AdamW's decay factor 1 - lr x wd) but {} "
+                      "holds at most {:g}",
+                      s.learning_rate * s.weight_decay, to_string(s.dtype), largest));
   if (s.clip_max_norm) {
     // 0 is allowed: clip_grad_norm_ then zeroes the gradients, and full_finetune_single_device
     // reads it as "no clipping" (docs/design.md §9).
@@ -167,6 +197,26 @@ void validate(const Scenario& s) {
                         e.verdict));
     require(!e.variant_pattern.empty() && !e.reason.empty(), s, "expected_verdicts",
             "needs a variant pattern and a reason");
+    for (const std::string& check : e.checks) {
+      require(std::find(std::begin(kCheckNames), std::end(kCheckNames), check) != std::end(kCheckNames),
+              s, "expected_verdicts",
+              fmt::format("for '{}' names the check '{}'; expected some of {}", e.variant_pattern,
+                          check, fmt::join(kCheckNames, ", ")));
+    }
+    const bool names_error = std::find(e.checks.begin(), e.checks.end(), "error-behaviour") != e.checks.end();
+    if (e.verdict == "fail") {
+      require(!e.checks.empty() && !names_error, s, "expected_verdicts",
+              fmt::format("for '{}' is a fail: name the checks it fails (checks = [...], some of "
+                          "{}), so that any other failure on the row is caught",
+                          e.variant_pattern, fmt::join(std::begin(kCheckNames), std::end(kCheckNames) - 1, ", ")));
+    } else if (e.verdict == "error-mismatch") {
+      require(e.checks.empty() || (e.checks.size() == 1 && names_error), s, "expected_verdicts",
+              fmt::format("for '{}' is an error-mismatch, which fails error-behaviour alone",
+                          e.variant_pattern));
+    } else {
+      require(e.checks.empty(), s, "expected_verdicts",
+              fmt::format("for '{}' is {}, which fails no check", e.variant_pattern, e.verdict));
+    }
   }
   require(static_cast<int>(s.valid_tokens.size()) == s.data_parallel_size(), s, "valid_tokens",
           s.has_mesh()
@@ -195,18 +245,52 @@ void validate(const Scenario& s) {
   }
 }
 
+double parameter_elements(const Scenario& s) {
+  const double v = s.vocab_size, h = s.hidden_size, r = s.lora_rank;
+  switch (s.model) {
+    case ModelKind::token_probe:
+      return static_cast<double>(s.world_size) * s.accumulation_steps * s.micro_batch_size *
+             s.sequence_length * v;
+    case ModelKind::linear_head: return v * h + v;
+    case ModelKind::causal_lm: return 2 * v * h + h * h + h + v;
+    case ModelKind::lora: return 2 * v * h + h * h + h + v + 3 * r * h + v * r;
+    case ModelKind::torchscript: {
+      std::error_code error;
+      const std::uintmax_t bytes = std::filesystem::file_size(s.model_file, error);
+      return error ? 0.0 : static_cast<double>(bytes) / 4;
+    }
+  }
+  return 0;
+}
+
+double estimate_memory_bytes(const Scenario& s, int ranks_in_process) {
+  // Measured peaks (RelWithDebInfo, ranks as threads): about 190 MB for LibTorch and a tiny
+  // scenario; 287 bytes per float32 parameter element with one rank, 748 with four, 436 per
+  // float64 element with one rank; 28 bytes per float32 logit of a micro-batch. The factors
+  // below sit above each of those.
+  const double width = s.dtype == DType::float64 ? 8 : 4;  // bfloat16 computes in float32
+  const double shared_per_element = 16 * width + 80;   // the draw cache, the oracle's float64 copies
+  const double per_rank_per_element = 24 * width + 64;  // parameters, gradients, optimizer, snapshots
+  const double per_rank_activations = static_cast<double>(s.micro_batch_size) * s.sequence_length *
+                                      (s.vocab_size + 4.0 * s.hidden_size) * (4 * width + 16);
+  const double ranks = ranks_in_process;
+  return 256.0 * (1 << 20) +
+         parameter_elements(s) * (shared_per_element + ranks * per_rank_per_element) +
+         ranks * per_rank_activations;
+}
+
 std::string describe(const Scenario& s) {
   std::string counts = fmt::format("{}", s.valid_tokens);
   std::string clip = s.clip_max_norm ? fmt::format("{}", *s.clip_max_norm) : "none";
   return fmt::format(
       "{} W={} A={} counts={} B={} T={} mask={} V={} H={} dtype={} model={} loss={} opt={} "
-      "lr={} clip={} in_bwd={} steps={} seed={}{}{}{}",
+      "lr={} clip={} in_bwd={} steps={} seed={} lora_rank={} chunks={} momentum={} wd={}{}{}{}",
       s.name, s.world_size, s.accumulation_steps, counts, s.micro_batch_size, s.sequence_length,
       to_string(s.mask), s.vocab_size, s.hidden_size, to_string(s.dtype),
       s.model == ModelKind::torchscript ? "torchscript:" + s.model_file
                                         : std::string(to_string(s.model)),
       to_string(s.loss), to_string(s.optimizer), s.learning_rate, clip, s.optimizer_in_backward,
-      s.steps, s.seed,
+      s.steps, s.seed, s.lora_rank, s.loss_chunks, s.momentum, s.weight_decay,
       s.world_size > 1 ? fmt::format(" average={}", to_string(s.rank_average)) : std::string(),
       s.kd_ratio != 0.5 ? fmt::format(" kd_ratio={}", s.kd_ratio) : std::string(),
       s.has_mesh() ? fmt::format(" mesh=dp_replicate:{},dp_shard:{},cp:{},tp:{}", s.dp_replicate,
@@ -215,7 +299,9 @@ std::string describe(const Scenario& s) {
 }
 
 std::ostream& operator<<(std::ostream& out, const Scenario& scenario) {
-  return out << describe(scenario);
+  // A counter-example must be replayable: the line, then the file that runs it again.
+  return out << describe(scenario) << "\nreplay it as a scenario file (gradnorm run -f FILE):\n"
+             << scenario_table(scenario);
 }
 
 std::string_view to_string(DType value) { return name_of(kDTypeNames, value); }

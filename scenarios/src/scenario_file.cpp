@@ -4,11 +4,11 @@
 #include <fmt/ranges.h>
 #include <toml++/toml.h>
 
+#include <algorithm>
 #include <filesystem>
 #include <limits>
 #include <fstream>
 #include <set>
-#include <sstream>
 
 namespace gradnorm::scenarios {
 namespace {
@@ -188,6 +188,15 @@ Scenario read_scenario(const toml::table& table, const std::string& where,
       er.read(std::string_view("variant"), finding.variant_pattern, "a string");
       er.read(std::string_view("verdict"), finding.verdict, "a string");
       er.read(std::string_view("reason"), finding.reason, "a string");
+      if (const toml::node* checks = er.node("checks")) {
+        const toml::array* names = checks->as_array();
+        if (names == nullptr) er.fail("checks", "must be an array of check names");
+        for (const toml::node& name : *names) {
+          const std::optional<std::string> text = name.value_exact<std::string>();
+          if (!text) er.fail("checks", "must be an array of check names (strings)");
+          finding.checks.push_back(*text);
+        }
+      }
       er.reject_unknown();
       s.expected_verdicts.push_back(std::move(finding));
     }
@@ -232,6 +241,12 @@ std::vector<VariantDeclaration> read_variants(const toml::table& root, const std
 }  // namespace
 
 ScenarioFile parse_scenario_file(const std::string& text, const std::string& source) {
+  // TOML allows no NUL anywhere; refused here, before the TOML parser sees it (found by the
+  // fuzzer: "[" then NUL).
+  if (const std::size_t nul = text.find('\0'); nul != std::string::npos) {
+    const auto line = 1 + std::count(text.begin(), text.begin() + static_cast<long>(nul), '\n');
+    throw InvalidInput(fmt::format("{}:{}: not valid TOML: a NUL byte (is this a text file?)", source, line));
+  }
   toml::table root;
   try {
     root = toml::parse(text, source);
@@ -268,7 +283,14 @@ ScenarioFile parse_scenario_file(const std::string& text, const std::string& sou
     // A counts table sets the window shape when the shape is not given explicitly.
     // One row per data-parallel rank: tensor- and context-parallel ranks multiply it.
     if (!table->contains("world_size")) {
-      s.world_size = static_cast<int>(s.valid_tokens.size()) * s.tp * s.cp;
+      // In 64 bits, then range-checked: tp x cp alone may pass an int (found by the fuzzer).
+      const long long world = static_cast<long long>(s.valid_tokens.size()) * s.tp * s.cp;
+      if (world > 4096) {
+        throw InvalidInput(fmt::format("{}: scenario #{}: world_size is not given and the counts "
+                                       "imply {} rows x tp {} x cp {} = {} ranks, more than 4096",
+                                       source, i + 1, s.valid_tokens.size(), s.tp, s.cp, world));
+      }
+      s.world_size = static_cast<int>(world);
     }
     if (!table->contains("accumulation_steps") && !s.valid_tokens.empty()) {
       s.accumulation_steps = static_cast<int>(s.valid_tokens.front().size());
@@ -286,6 +308,76 @@ ScenarioFile parse_scenario_file(const std::string& text, const std::string& sou
   return out;
 }
 
+namespace {
+
+// A TOML basic string: quotes, backslashes and control characters escaped.
+std::string toml_string(std::string_view text) {
+  std::string out = "\"";
+  for (char c : text) {
+    const auto u = static_cast<unsigned char>(c);
+    if (c == '"' || c == '\\') {
+      out += '\\';
+      out += c;
+    } else if (u < 0x20 || u == 0x7f) {
+      out += fmt::format("\\u{:04x}", u);
+    } else {
+      out += c;
+    }
+  }
+  return out + "\"";
+}
+
+}  // namespace
+
+std::string scenario_table(const Scenario& s) {
+  std::string out = "[[scenario]]\n";
+  auto line = [&out](std::string_view key, const std::string& value) {
+    out += fmt::format("{} = {}\n", key, value);
+  };
+  line("name", toml_string(s.name));
+  line("world_size", fmt::format("{}", s.world_size));
+  line("dp_replicate", fmt::format("{}", s.dp_replicate));
+  line("tp", fmt::format("{}", s.tp));
+  line("cp", fmt::format("{}", s.cp));
+  line("accumulation_steps", fmt::format("{}", s.accumulation_steps));
+  line("valid_tokens", fmt::format("{}", s.valid_tokens));
+  line("micro_batch_size", fmt::format("{}", s.micro_batch_size));
+  line("sequence_length", fmt::format("{}", s.sequence_length));
+  line("mask", toml_string(to_string(s.mask)));
+  line("vocab_size", fmt::format("{}", s.vocab_size));
+  line("hidden_size", fmt::format("{}", s.hidden_size));
+  line("lora_rank", fmt::format("{}", s.lora_rank));
+  line("loss_chunks", fmt::format("{}", s.loss_chunks));
+  line("dtype", toml_string(to_string(s.dtype)));
+  line("model", toml_string(s.model == ModelKind::torchscript
+                                ? "torchscript:" + std::filesystem::absolute(s.model_file).string()
+                                : std::string(to_string(s.model))));
+  line("loss", toml_string(to_string(s.loss)));
+  line("optimizer", toml_string(to_string(s.optimizer)));
+  // Doubles as their shortest round-trip form: read back, each is the same double.
+  line("learning_rate", fmt::format("{}", s.learning_rate));
+  line("momentum", fmt::format("{}", s.momentum));
+  line("weight_decay", fmt::format("{}", s.weight_decay));
+  if (s.clip_max_norm) line("clip_max_norm", fmt::format("{}", *s.clip_max_norm));
+  line("rank_average", toml_string(to_string(s.rank_average)));
+  line("optimizer_in_backward", s.optimizer_in_backward ? "true" : "false");
+  line("steps", fmt::format("{}", s.steps));
+  line("kd_ratio", fmt::format("{}", s.kd_ratio));
+  line("seed", fmt::format("{}", s.seed));
+  for (const ExpectedVerdict& e : s.expected_verdicts) {
+    out += "[[scenario.expect]]\n";
+    line("variant", toml_string(e.variant_pattern));
+    line("verdict", toml_string(e.verdict));
+    line("reason", toml_string(e.reason));
+    if (!e.checks.empty()) {
+      std::vector<std::string> names;
+      for (const std::string& check : e.checks) names.push_back(toml_string(check));
+      line("checks", fmt::format("[{}]", fmt::join(names, ", ")));
+    }
+  }
+  return out;
+}
+
 std::vector<Scenario> parse_scenarios(const std::string& text, const std::string& source) {
   ScenarioFile file = parse_scenario_file(text, source);
   if (file.scenarios.empty()) throw InvalidInput(fmt::format("{}: no [[scenario]] table", source));
@@ -293,11 +385,41 @@ std::vector<Scenario> parse_scenarios(const std::string& text, const std::string
 }
 
 ScenarioFile load_scenario_file_contents(const std::string& path) {
-  std::ifstream file(path);
+  // Asked before opening: opening a FIFO blocks until a writer comes, and /dev/zero never
+  // ends.
+  std::error_code error;
+  const std::filesystem::file_status status = std::filesystem::status(path, error);
+  if (error || !std::filesystem::exists(status)) {
+    throw InvalidInput(fmt::format("cannot read scenario file '{}': {}", path,
+                                   error ? error.message() : "no such file"));
+  }
+  if (!std::filesystem::is_regular_file(status)) {
+    throw InvalidInput(fmt::format("scenario file '{}' is not a regular file (a folder, FIFO, "
+                                   "socket or device); give a .toml file",
+                                   path));
+  }
+  const std::uintmax_t size = std::filesystem::file_size(path, error);
+  if (!error && size > kMaxScenarioFileBytes) {
+    throw InvalidInput(fmt::format("scenario file '{}' holds {} bytes, more than the {} a scenario "
+                                   "file may hold",
+                                   path, size, kMaxScenarioFileBytes));
+  }
+  std::ifstream file(path, std::ios::binary);
   if (!file) throw InvalidInput(fmt::format("cannot read scenario file '{}'", path));
-  std::stringstream text;
-  text << file.rdbuf();
-  return parse_scenario_file(text.str(), path);
+  // Read at most one byte past the cap: a file that grew after the size was read is
+  // refused the same way.
+  std::string text;
+  char chunk[1 << 16];
+  while (text.size() <= kMaxScenarioFileBytes && file.read(chunk, sizeof chunk).gcount() > 0) {
+    text.append(chunk, static_cast<std::size_t>(file.gcount()));
+  }
+  if (file.bad()) throw InvalidInput(fmt::format("cannot read scenario file '{}'", path));
+  if (text.size() > kMaxScenarioFileBytes) {
+    throw InvalidInput(fmt::format("scenario file '{}' holds more than the {} bytes a scenario "
+                                   "file may hold",
+                                   path, kMaxScenarioFileBytes));
+  }
+  return parse_scenario_file(text, path);
 }
 
 std::vector<Scenario> load_scenario_file(const std::string& path) {

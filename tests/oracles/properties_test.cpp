@@ -18,6 +18,11 @@ RC_GTEST_PROP(Properties, BaselineAgreesWithTheOracle, ()) {
   p::baseline_agrees_with_the_oracle(*scenarios::single_device_scenarios());
 }
 
+RC_GTEST_PROP(Properties, BaselineAgreesWithTheOracleOnAnyRanks, ()) {
+  harness::DeterminismGuard guard;
+  p::baseline_agrees_with_the_oracle_on_ranks(*scenarios::multi_rank_scenarios());
+}
+
 RC_GTEST_PROP(Properties, SkipAgreesWithTheOracleWhenTokensExist, ()) {
   harness::DeterminismGuard guard;
   p::skip_agrees_on_one_device(

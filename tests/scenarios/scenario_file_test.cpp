@@ -1,9 +1,13 @@
 #include <gtest/gtest.h>
+#include <sys/stat.h>
+
+#include <fstream>
 
 #include <string>
 #include <vector>
 
 #include "gradnorm/scenarios/scenario_file.hpp"
+#include "support/files.hpp"
 
 namespace gradnorm::scenarios {
 namespace {
@@ -35,6 +39,7 @@ seed = 42
 variant = "skip"
 verdict = "fail"
 reason = "ragged"
+checks = ["gradients"]
 )",
                                     "test.toml");
   ASSERT_EQ(list.size(), 1u);
@@ -84,6 +89,16 @@ TEST(ScenarioFile, RejectsCountsThatWouldWrapWhenNarrowed) {
   EXPECT_TRUE(rejects("[[scenario]]\nname = \"x\"\nsteps = 4294967297\n", "steps is out of range"));
   EXPECT_EQ(parse_scenarios("[[scenario]]\nname = \"x\"\nvalid_tokens = [[5]]\n", "t.toml").at(0).valid_tokens,
             (std::vector<std::vector<int>>{{5}}));
+}
+
+// Found by the parser's fuzzer (fuzz/regressions): products of in-range mesh sizes that
+// overflowed an int (undefined behaviour; UBSan stopped on them), and a NUL byte.
+TEST(ScenarioFile, RejectsMeshProductsPastAnIntAndNulBytes) {
+  EXPECT_TRUE(rejects("[[scenario]]\nname = \"x\"\nworld_size = 4096\ndp_replicate = 4096\ntp = 4096\ncp = 128\n",
+                      "is not dp_replicate 4096 x dp_shard x cp 128 x tp 4096"));
+  EXPECT_TRUE(rejects("[[scenario]]\nname = \"x\"\nvalid_tokens = [[1]]\ntp = 65536\ncp = 65536\n",
+                      "imply 1 rows x tp 65536 x cp 65536 = 4294967296 ranks, more than 4096"));
+  EXPECT_TRUE(rejects(std::string("[[scenario]]\n[\0", 16), "test.toml:2: not valid TOML: a NUL byte"));
 }
 
 // An empty string is not a default: dtype = "" and model = "" are refused by name.
@@ -179,6 +194,47 @@ TEST(ScenarioFile, RejectsATorchScriptModelWithoutAFile) {
 
 TEST(ScenarioFile, MissingFileIsAnInputError) {
   EXPECT_THROW((void)load_scenario_file("/nonexistent/scenarios.toml"), InvalidInput);
+}
+
+
+::testing::AssertionResult load_refuses(const std::string& path, const std::string& needle) {
+  try {
+    (void)load_scenario_file_contents(path);
+  } catch (const InvalidInput& error) {
+    if (std::string(error.what()).find(needle) != std::string::npos) return ::testing::AssertionSuccess();
+    return ::testing::AssertionFailure() << "message lacks '" << needle << "': " << error.what();
+  }
+  return ::testing::AssertionFailure() << "read " << path;
+}
+
+// Asked before opening: /dev/zero used to be read for 4 GiB and a FIFO blocked forever (this
+// test would hang without the check). Control: a regular file of the same folder reads.
+TEST(ScenarioFile, RefusesFilesThatAreNotRegularFiles) {
+  testing_support::TemporaryDirectory folder("gradnorm-file-kinds");
+  EXPECT_TRUE(load_refuses("/dev/zero", "is not a regular file"));
+  EXPECT_TRUE(load_refuses(folder.path().string(), "is not a regular file"));
+  const std::string fifo = (folder.path() / "scenarios.toml").string();
+  ASSERT_EQ(mkfifo(fifo.c_str(), 0600), 0);
+  EXPECT_TRUE(load_refuses(fifo, "is not a regular file"));
+  const std::string regular = (folder.path() / "ok.toml").string();
+  std::ofstream(regular) << "[[scenario]]\nname = \"x\"\n";
+  EXPECT_EQ(load_scenario_file_contents(regular).scenarios.size(), 1u);
+}
+
+// A file past the cap is refused by its size, before it is read; one byte under the cap is
+// read (and then judged as TOML: here, a comment and one scenario).
+TEST(ScenarioFile, RefusesFilesAboveTheSizeCap) {
+  testing_support::TemporaryDirectory folder("gradnorm-file-size");
+  const std::string scenario = "[[scenario]]\nname = \"x\"\n";
+  auto write = [&](const std::string& name, std::size_t size) {
+    const std::string path = (folder.path() / name).string();
+    std::ofstream out(path);
+    out << scenario << '#' << std::string(size - scenario.size() - 2, 'x') << '\n';
+    return path;
+  };
+  EXPECT_TRUE(load_refuses(write("big.toml", kMaxScenarioFileBytes + 1),
+                           "more than the 67108864 a scenario file may hold"));
+  EXPECT_EQ(load_scenario_file_contents(write("fits.toml", kMaxScenarioFileBytes)).scenarios.size(), 1u);
 }
 
 }  // namespace

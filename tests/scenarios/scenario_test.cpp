@@ -189,6 +189,59 @@ TEST(Validate, RejectsWeightDecay) {
   EXPECT_TRUE(rejects(s, {"weight_decay", "got inf"}));
 }
 
+// The optimizers scale parameters by these in the parameters' dtype; a value the dtype
+// cannot hold failed inside a rank ("cannot be converted to type float without overflow",
+// exit 3). Controls: the largest value each dtype holds is accepted, and float64 takes 1e308.
+TEST(Validate, RejectsScalesTheParameterDtypeCannotHold) {
+  Scenario s = valid_scenario();
+  s.learning_rate = 1e308;
+  EXPECT_TRUE(rejects(s, {"learning_rate", "float32 holds at most 3.40282e+38"}));
+  s.dtype = DType::bfloat16;
+  s.learning_rate = 3.4e38;  // within float32, past bfloat16's 3.3895e38
+  EXPECT_TRUE(rejects(s, {"learning_rate", "bfloat16 holds at most 3.38953e+38"}));
+  s.learning_rate = 3.3895313892515355e38;
+  EXPECT_NO_THROW(gradnorm::scenarios::validate(s));
+  s.dtype = DType::float32;
+  s.learning_rate = 0.5;
+  s.weight_decay = 1e39;
+  EXPECT_TRUE(rejects(s, {"weight_decay", "float32 holds at most"}));
+  s.weight_decay = 1e38;  // each fits, the product 5e37 too
+  EXPECT_NO_THROW(gradnorm::scenarios::validate(s));
+  s.learning_rate = 100;  // 1e40: AdamW's decay factor overflows
+  EXPECT_TRUE(rejects(s, {"weight_decay", "times learning_rate is 1e+40"}));
+  s.learning_rate = std::numeric_limits<float>::max();
+  s.weight_decay = 0;
+  EXPECT_NO_THROW(gradnorm::scenarios::validate(s));
+  s.dtype = DType::float64;
+  s.learning_rate = 1e308;
+  EXPECT_NO_THROW(gradnorm::scenarios::validate(s));
+}
+
+// The estimate grows with what the model holds per rank; the figures it must stay above are
+// peaks measured by hand (docs/design.md §12), so a change that lowers it below them fails.
+TEST(MemoryEstimate, StaysAboveTheMeasuredPeaks) {
+  using gradnorm::scenarios::estimate_memory_bytes;
+  Scenario s = valid_scenario();
+  s.vocab_size = 20000;
+  s.hidden_size = 64;  // 2,581,184 parameter elements
+  EXPECT_DOUBLE_EQ(gradnorm::scenarios::parameter_elements(s), 2.0 * 20000 * 64 + 64 * 64 + 64 + 20000);
+  EXPECT_GT(estimate_memory_bytes(s, 1), 926084.0 * 1024);    // measured: 926,084 KB
+  s.dtype = DType::float64;
+  EXPECT_GT(estimate_memory_bytes(s, 1), 1308408.0 * 1024);   // measured: 1,308,408 KB
+  s.dtype = DType::float32;
+  s.world_size = 4;
+  s.valid_tokens = {{5}, {3}, {2}, {1}};
+  EXPECT_GT(estimate_memory_bytes(s, 4), 2110172.0 * 1024);   // measured: 2,110,172 KB
+  // Not wildly above either: within 3x of each, so the budget does not refuse what fits.
+  EXPECT_LT(estimate_memory_bytes(s, 4), 3 * 2110172.0 * 1024);
+  // One rank in a process holds a quarter of the per-rank share.
+  EXPECT_LT(estimate_memory_bytes(s, 1), estimate_memory_bytes(s, 4) / 2);
+  Scenario big = valid_scenario();
+  big.vocab_size = 1 << 20;
+  big.hidden_size = 1 << 16;  // 2^37 elements: far past any machine
+  EXPECT_GT(estimate_memory_bytes(big, 1), 1e13);
+}
+
 TEST(Validate, AcceptsAZeroClipMaxNorm) {
   Scenario s = valid_scenario();
   s.clip_max_norm = 0.0;  // a recipe's "clip_grad_norm: 0"; what it means is the recipe's
@@ -264,9 +317,32 @@ TEST(Validate, RejectsAnExpectedVerdictWithoutPatternOrReason) {
 TEST(Validate, AcceptsEveryKnownVerdictName) {
   for (const char* verdict : {"pass", "fail", "expected-error", "error-mismatch"}) {
     Scenario s = valid_scenario();
-    s.expected_verdicts = {ExpectedVerdict{"*", verdict, "documented"}};
+    const bool fails = std::string(verdict) == "fail";
+    s.expected_verdicts = {ExpectedVerdict{"*", verdict, "documented",
+                                           fails ? std::vector<std::string>{"logged-loss"}
+                                                 : std::vector<std::string>{}}};
     EXPECT_NO_THROW(gradnorm::scenarios::validate(s)) << verdict;
   }
+}
+
+// A finding names the checks it fails: a fail names some (else a second failure on its row
+// could hide behind it), by their names; error-mismatch fails error-behaviour alone; pass
+// and expected-error fail none.
+TEST(Validate, AFindingNamesTheChecksItFails) {
+  Scenario s = valid_scenario();
+  s.expected_verdicts = {ExpectedVerdict{"*skip", "fail", "ragged"}};
+  EXPECT_TRUE(rejects(s, {"'*skip' is a fail: name the checks it fails"}));
+  s.expected_verdicts = {ExpectedVerdict{"*skip", "fail", "ragged", {"gradient"}}};
+  EXPECT_TRUE(rejects(s, {"names the check 'gradient'", "gradients, parameter-update"}));
+  s.expected_verdicts = {ExpectedVerdict{"*skip", "fail", "ragged", {"error-behaviour"}}};
+  EXPECT_TRUE(rejects(s, {"is a fail: name the checks"}));
+  s.expected_verdicts = {ExpectedVerdict{"*skip", "error-mismatch", "raises", {"gradients"}}};
+  EXPECT_TRUE(rejects(s, {"fails error-behaviour alone"}));
+  s.expected_verdicts = {ExpectedVerdict{"*skip", "pass", "fine", {"gradients"}}};
+  EXPECT_TRUE(rejects(s, {"is pass, which fails no check"}));
+  s.expected_verdicts = {ExpectedVerdict{"*skip", "fail", "ragged", {"gradients", "logged-loss"}},
+                         ExpectedVerdict{"x", "error-mismatch", "raises", {"error-behaviour"}}};
+  EXPECT_NO_THROW(gradnorm::scenarios::validate(s));
 }
 
 TEST(TokenCounts, SumPerRankAndOverall) {

@@ -76,7 +76,7 @@ TEST(Cli, ScenarioFileRunsItsScenariosAndRejectsTypos) {
   const std::string good = (folder.path() / "good.toml").string();
   std::ofstream(good) << "[[scenario]]\nname = \"mine/6-2\"\nvalid_tokens = [[6], [2]]\n"
                          "[[scenario.expect]]\nvariant = \"skip\"\nverdict = \"fail\"\n"
-                         "reason = \"ragged ranks\"\n";
+                         "reason = \"ragged ranks\"\nchecks = [\"gradients\", \"logged-loss\"]\n";
   const std::vector<std::string> args = {"run", "-f", good, "-v", "baseline", "-v", "skip"};
   const CliResult r = run_cli(args);
   EXPECT_EQ(r.exit_code, 0) << explain(args, r);
@@ -119,7 +119,7 @@ TEST(Cli, FuzzRunsEveryPropertyAndReplaysFromItsSeed) {
   EXPECT_EQ(first.exit_code, 0) << explain(args, first);
   EXPECT_TRUE(contains(first.output, "every property held")) << explain(args, first);
   EXPECT_TRUE(contains(first.output, "skip passes iff ranks are balanced")) << explain(args, first);
-  EXPECT_TRUE(contains(first.output, "25 cases in ")) << explain(args, first);
+  EXPECT_TRUE(contains(first.output, "30 cases in ")) << explain(args, first);
   // The same cases and verdicts; only the throughput line is a wall-clock figure.
   auto without_timing = [](std::string text) {
     const auto at = text.find(" cases in ");
@@ -141,6 +141,8 @@ TEST(Cli, FuzzingACandidateShrinksToItsSmallestFinding) {
   EXPECT_TRUE(contains(r.output, "verdict error-mismatch")) << explain(args, r);
   EXPECT_TRUE(contains(r.output, "global-prenorm agrees where its reference does, on ragged ranks\nOK"))
       << explain(args, r);
+  // With empty ranks drawn too, the same finding on ranks: every rank empty, N = 0.
+  EXPECT_TRUE(contains(r.output, "W=2 A=1 counts=[[0], [0]] B=1 T=2")) << explain(args, r);
 }
 
 // Negative control: a step that weighs tokens 1/n_r fails on the first ragged case, and the
@@ -713,6 +715,171 @@ TEST(Cli, ContradictoryLaunchOptionsAreInputErrors) {
                                          "--inject-fault", "1:throw", "--timeout", "20"};
   const CliResult n = run_cli(near);
   EXPECT_EQ(n.exit_code, 3) << explain(near, n);
+}
+
+}  // namespace
+}  // namespace gradnorm
+
+namespace gradnorm {
+namespace {
+
+// run_cli with shell commands before gradnorm (resource limits, say).
+CliResult run_cli_after(const std::string& prelude, const std::vector<std::string>& args) {
+  CliResult result;
+  const std::string line = "bash -c " + shell_quote(prelude + "; exec " + command_line(args)) + " 2>&1";
+  FILE* pipe = popen(line.c_str(), "r");
+  if (pipe == nullptr) throw std::runtime_error("popen failed for " + line);
+  char buffer[4096];
+  for (std::size_t count = 0; (count = std::fread(buffer, 1, sizeof buffer, pipe)) > 0;) {
+    result.output.append(buffer, count);
+  }
+  const int status = pclose(pipe);
+  if (status != -1 && WIFEXITED(status)) result.exit_code = WEXITSTATUS(status);
+  return result;
+}
+
+std::string write_scenarios(const TemporaryDirectory& folder, const std::string& name,
+                            const std::string& text) {
+  const std::string path = (folder.path() / name).string();
+  std::ofstream(path) << text;
+  return path;
+}
+
+// The command is an input error (exit 2) whose message holds `needle`.
+::testing::AssertionResult refused(const std::vector<std::string>& args, const std::string& needle) {
+  const CliResult r = run_cli(args);
+  if (r.exit_code == 2 && contains(r.output, needle)) return ::testing::AssertionSuccess();
+  return ::testing::AssertionFailure() << "expected exit 2 saying '" << needle << "'\n" << explain(args, r);
+}
+
+// The command runs with every row as expected (exit 0).
+::testing::AssertionResult succeeds(const std::vector<std::string>& args) {
+  const CliResult r = run_cli(args);
+  if (r.exit_code == 0) return ::testing::AssertionSuccess();
+  return ::testing::AssertionFailure() << "expected exit 0\n" << explain(args, r);
+}
+
+std::string counts_rows(int ranks) {
+  std::string rows;
+  for (int rank = 0; rank < ranks; ++rank) rows += rank == 0 ? "[1]" : ", [1]";
+  return "[" + rows + "]";
+}
+
+// 64 rank threads whose stacks (1 GiB each, by the stack limit) cannot fit a 12 GiB address
+// space: the run used to end in std::terminate (SIGABRT, no exit code); it is an error
+// naming the rank that got no thread. The control: the same run without the limits passes.
+TEST(Cli, ARankThreadThatCannotStartIsAnErrorNamingIt) {
+#if defined(__SANITIZE_ADDRESS__)
+  GTEST_SKIP() << "AddressSanitizer reserves more address space than the limit leaves";
+#endif
+  TemporaryDirectory folder("gradnorm-cli-threads");
+  const std::string file = write_scenarios(folder, "wide.toml",
+      "[[scenario]]\nname = \"wide/64\"\nvalid_tokens = " + counts_rows(64) + "\n");
+  const std::vector<std::string> args = {"run", "-q", "-f", file, "-v", "baseline"};
+  const CliResult r = run_cli_after("ulimit -s 1048576 && ulimit -v 12582912", args);
+  EXPECT_EQ(r.exit_code, 3) << explain(args, r);
+  EXPECT_TRUE(contains(r.output, "could not start a thread for rank")) << explain(args, r);
+  EXPECT_FALSE(contains(r.output, "rank ?")) << explain(args, r);
+  EXPECT_TRUE(succeeds(args));
+}
+
+// Input errors a rank used to meet only once running, now refused before any rank starts.
+TEST(Cli, FaultsThatCouldNeverFireAreInputErrors) {
+  const std::vector<std::string> late = {"run", "-q", "-s", "dist/5-3/float32", "-v", "baseline",
+                                         "--inject-fault", "1:throw@1"};
+  EXPECT_TRUE(refused(late, "has 1 step (0..0), so step 1 never comes"));
+  const std::vector<std::string> far = {"run", "-q", "-s", "dist/5-3/float32", "-v", "baseline",
+                                        "--inject-fault", "2:throw"};
+  EXPECT_TRUE(refused(far, "has 2 ranks (0..1), so rank 2 would never fail"));
+  // Control: a fault that does fire fails the run as a rank failure.
+  const std::vector<std::string> fires = {"run", "-q", "-s", "dist/5-3/float32", "-v", "baseline",
+                                          "--inject-fault", "1:throw@0"};
+  EXPECT_EQ(run_cli(fires).exit_code, 3);
+}
+
+// A documented finding whose pattern matches no variant could never be checked: refused.
+// Control: the same finding for a variant that exists runs.
+TEST(Cli, AFindingForNoVariantIsAnInputError) {
+  TemporaryDirectory folder("gradnorm-cli-findings");
+  const std::string text = "[[scenario]]\nname = \"mine/6-2\"\nvalid_tokens = [[6], [2]]\n"
+                           "[[scenario.expect]]\nvariant = \"VARIANT\"\nverdict = \"fail\"\n"
+                           "reason = \"ragged ranks\"\nchecks = [\"gradients\", \"logged-loss\"]\n";
+  auto with = [&](const std::string& variant) {
+    std::string out = text;
+    out.replace(out.find("VARIANT"), 7, variant);
+    return out;
+  };
+  const std::string typo = write_scenarios(folder, "typo.toml", with("skpi"));
+  const std::vector<std::string> args = {"run", "-q", "-f", typo, "-v", "skip"};
+  EXPECT_TRUE(refused(args, "finding for variant 'skpi' matches no variant"));
+  const std::string good = write_scenarios(folder, "good.toml", with("sk*"));
+  const std::vector<std::string> good_args = {"run", "-q", "-f", good, "-v", "skip"};
+  EXPECT_TRUE(succeeds(good_args));
+}
+
+// A file's scenario may not reuse a catalogue name, even when the file runs alone (when the
+// catalogue is not loaded to run); two files may not share a name either.
+TEST(Cli, AFileScenarioMayNotTakeACatalogueName) {
+  TemporaryDirectory folder("gradnorm-cli-names");
+  const std::string file = write_scenarios(folder, "clash.toml",
+      "[[scenario]]\nname = \"dist/5-3/float32\"\nvalid_tokens = [[1], [1]]\n");
+  const std::vector<std::string> args = {"run", "-q", "-f", file, "-v", "baseline"};
+  EXPECT_TRUE(refused(args, "'dist/5-3/float32' is already defined in the catalogue"));
+  const std::string a = write_scenarios(folder, "a.toml", "[[scenario]]\nname = \"mine/x\"\n");
+  const std::string b = write_scenarios(folder, "b.toml", "[[scenario]]\nname = \"mine/x\"\n");
+  const std::vector<std::string> twice = {"run", "-q", "-f", a, "-f", b, "-v", "baseline"};
+  EXPECT_TRUE(refused(twice, "'mine/x' is already defined in " + a));
+  const std::vector<std::string> one = {"run", "-q", "-f", a, "-v", "baseline"};
+  EXPECT_TRUE(succeeds(one));
+}
+
+// A file that is not a regular file is refused at once: -f /dev/zero used to read 4 GiB.
+TEST(Cli, AScenarioFileThatIsADeviceIsRefused) {
+  const std::vector<std::string> args = {"run", "-q", "-f", "/dev/zero"};
+  EXPECT_TRUE(refused(args, "'/dev/zero' is not a regular file"));
+}
+
+// Seeds are whole numbers that fit 64 bits: CLI11 read -1 as 2^64 - 1 and 2^64 as 2^64 - 1.
+TEST(Cli, OutOfRangeSeedsAreInputErrors) {
+  for (const char* seed : {"-1", "18446744073709551616", "1e3", ""}) {
+    for (const char* command : {"fuzz", "stream"}) {
+      const std::vector<std::string> args = {command, "--cases", "1", "--seed", seed};
+      EXPECT_TRUE(refused(args, "must be a whole number in [0, 18446744073709551615]"));
+    }
+  }
+  const std::vector<std::string> largest = {"stream", "--cases", "1", "--seed", "18446744073709551615"};
+  EXPECT_TRUE(succeeds(largest));
+}
+
+// A scenario whose estimate passes the budget is refused before any rank starts, with the
+// estimate and the budget; --memory-budget moves the line. The control: the default
+// scenario fits a 1 GiB budget and runs.
+TEST(Cli, AScenarioAboveTheMemoryBudgetIsRefusedWithItsEstimate) {
+  TemporaryDirectory folder("gradnorm-cli-memory");
+  const std::string huge = write_scenarios(folder, "huge.toml",
+      "[[scenario]]\nname = \"huge\"\nvocab_size = 1048576\nhidden_size = 65536\n");
+  const std::vector<std::string> args = {"run", "-q", "-f", huge, "-v", "baseline"};
+  EXPECT_TRUE(refused(args, "scenario 'huge' needs about"));
+  EXPECT_TRUE(refused(args, "of this machine's"));
+  const std::string small = write_scenarios(folder, "small.toml",
+      "[[scenario]]\nname = \"small\"\nvocab_size = 20000\nhidden_size = 64\n");
+  const std::vector<std::string> tight = {"run", "-q", "-f", small, "-v", "baseline", "--memory-budget", "512M"};
+  EXPECT_TRUE(refused(tight, "more than the memory budget of 0.5 GiB (--memory-budget 512M)"));
+  for (const char* bad : {"lots", "-1G", "0", "150%", "nan", "8X", "inf"}) {
+    const std::vector<std::string> b = {"run", "-q", "-f", small, "--memory-budget", bad};
+    EXPECT_TRUE(refused(b, "expected a size such as 8G"));
+  }
+  const std::vector<std::string> fits = {"run", "-q", "-s", "single/n5/float32", "-v", "baseline", "--memory-budget", "1GiB"};
+  EXPECT_TRUE(succeeds(fits));
+}
+
+// learning_rate = 1e308 passed validation and then failed inside the rank (exit 3).
+TEST(Cli, AScaleTheDtypeCannotHoldIsAnInputError) {
+  TemporaryDirectory folder("gradnorm-cli-overflow");
+  const std::string file = write_scenarios(folder, "lr.toml",
+      "[[scenario]]\nname = \"lr\"\nlearning_rate = 1e308\n");
+  const std::vector<std::string> args = {"run", "-q", "-f", file, "-v", "baseline"};
+  EXPECT_TRUE(refused(args, "learning_rate is 1e+308 but float32 holds at most"));
 }
 
 }  // namespace

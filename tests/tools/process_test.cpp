@@ -24,6 +24,7 @@
 #include <cstring>
 #include <filesystem>
 #include <fstream>
+#include <iomanip>
 #include <iterator>
 #include <map>
 #include <set>
@@ -116,6 +117,7 @@ class Child {
     posix_spawn_file_actions_destroy(&actions);
     if (failed != 0) throw std::runtime_error(std::string("posix_spawn failed: ") + strerror(failed));
   }
+  [[nodiscard]] pid_t pid() const { return pid_; }
   ~Child() {
     if (!waited_) {
       kill(pid_, SIGKILL);
@@ -673,6 +675,64 @@ TEST(PythonStepProcesses, ARankThatExitsZeroEarlyFailsTheRun) {
   EXPECT_TRUE(contains(r.err, "rank 1 exited with status 0: exited before finishing its run"))
       << describe(args, env, r);
   EXPECT_TRUE(no_process_carries(env.set.at(kMarkerKey)));
+}
+
+}  // namespace
+}  // namespace gradnorm
+
+namespace gradnorm {
+namespace {
+
+// The supervisor ends its ranks and removes the rendezvous folder on SIGHUP (a closed
+// terminal) as on SIGINT and SIGTERM, then exits 128 + the signal. SIGHUP used to kill the
+// supervisor outright, leaving the folder behind.
+TEST(ProcessFaults, ASignalToTheSupervisorEndsEveryRankAndExitsWithIt) {
+  for (int signal : {SIGHUP, SIGINT, SIGTERM}) {
+    const std::vector<std::string> args = {"run", "-s", "dist/5-3/float32", "-v", "baseline", "--nproc", "2",
+                                           "--inject-fault", "1:hang", "--timeout", "120"};
+    const std::set<std::string> folders_before = rendezvous_folders();
+    const EnvironmentChanges env = marked_environment();
+    TemporaryDirectory folder("gradnorm-signal-test");
+    Child child(args, env, folder.path(), "gradnorm");
+    // Until both ranks run: the supervisor and its two children carry the marker.
+    const std::string marker = std::string(kMarkerKey) + "=" + env.set.at(kMarkerKey);
+    for (int attempt = 0; attempt < 600 && processes_with_environment_entry(marker).size() < 3; ++attempt) {
+      std::this_thread::sleep_for(50ms);
+    }
+    std::this_thread::sleep_for(500ms);  // past the ranks' start, into the hang
+    ASSERT_EQ(kill(child.pid(), signal), 0);
+    const ProcessResult r = child.wait();
+    EXPECT_EQ(r.exit_code, 128 + signal) << "signal " << signal << "\n" << r.err;
+    EXPECT_TRUE(contains(r.err, "interrupted by signal " + std::to_string(signal))) << r.err;
+    EXPECT_TRUE(no_process_carries(env.set.at(kMarkerKey))) << "signal " << signal;
+    EXPECT_TRUE(no_rendezvous_folder_left(folders_before)) << "signal " << signal;
+  }
+}
+
+// Rank 0 writes the run's reports. When that fails (here the step itself removes the report
+// folder on rank 0, after the supervisor checked it), the run is exit 2 and rank 0's message
+// reaches the user: it used to die with the rank's log, leaving an empty stderr.
+TEST(ProcessFaults, RankZeroFailingToWriteItsReportSaysWhy) {
+  TemporaryDirectory folder("gradnorm-rank0-report");
+  const std::filesystem::path reports = folder.path() / "reports";
+  std::filesystem::create_directory(reports);
+  const std::string step = (folder.path() / "removes_reports.py").string();
+  std::ofstream(step) << "import os, runpy, shutil\n"
+                         "_baseline = runpy.run_path(" << std::quoted(kPythonExamples + "full_finetune.py") << ")\n"
+                         "def step(ctx):\n"
+                         "    _baseline['step'](ctx)\n"
+                         "    if os.environ.get('RANK') == '0':\n"
+                         "        shutil.rmtree(" << std::quoted(reports.string()) << ", ignore_errors=True)\n";
+  const std::vector<std::string> args = {"run", "--python-step", step, "--findings-of", "baseline",
+                                         "-s", "dist/5-3/float32", "--nproc", "2",
+                                         "--json", (reports / "out.json").string()};
+  const std::set<std::string> folders_before = rendezvous_folders();
+  const EnvironmentChanges env = marked_environment();
+  const ProcessResult r = run_cli(args, env);
+  EXPECT_EQ(r.exit_code, 2) << describe(args, env, r);
+  EXPECT_TRUE(contains(r.err, "cannot write report")) << describe(args, env, r);
+  EXPECT_TRUE(no_process_carries(env.set.at(kMarkerKey)));
+  EXPECT_TRUE(no_rendezvous_folder_left(folders_before));
 }
 
 }  // namespace

@@ -4,18 +4,24 @@
 #include "gradnorm/tools/cli.hpp"
 
 #include <CLI/CLI.hpp>
+#include <fnmatch.h>
+#include <unistd.h>
 #include <fmt/format.h>
 #include <nlohmann/json.hpp>
 
 #include <c10/util/Exception.h>
 
 #include <algorithm>
+#include <charconv>
+#include <limits>
 #include <chrono>
 #include <cmath>
 #include <cstdio>
+#include <fstream>
 #include <iostream>
 #include <set>
 #include <thread>
+#include <unordered_map>
 
 #include "gradnorm/harness/determinism.hpp"
 #include "gradnorm/harness/variant.hpp"
@@ -45,6 +51,9 @@ using namespace gradnorm;
 constexpr int kExitAsExpected = 0;
 constexpr int kExitUnexpected = 1;
 constexpr int kExitUsage = 2;
+// A scenario may take up to this share of the machine's memory unless --memory-budget says
+// otherwise: the rest is the system's, and the estimate's margin.
+constexpr double kDefaultMemoryFraction = 0.5;
 
 // The union of what each pattern selects, in the registry's own order; no pattern: all.
 template <typename Item, typename Select>
@@ -67,14 +76,18 @@ std::vector<Item> pick(const std::vector<Item>& all, const std::vector<std::stri
 std::vector<scenarios::Scenario> scenario_pool(const std::vector<std::string>& files,
                                                bool files_only) {
   std::vector<scenarios::Scenario> pool;
+  // Where each name comes from. A file's scenario may not take a catalogue name even when
+  // the catalogue is not in the pool: a report would then show two meanings under one name.
+  std::unordered_map<std::string, std::string> origin;
+  for (const scenarios::Scenario& s : scenarios::catalogue()) origin.emplace(s.name, "the catalogue");
   if (!files_only) pool = scenarios::catalogue();
   for (const std::string& file : files) {
     for (scenarios::Scenario& s : scenarios::load_scenario_file_contents(file).scenarios) {
-      for (const scenarios::Scenario& known : pool) {
-        if (known.name == s.name) {
-          throw scenarios::InvalidInput(fmt::format(
-              "{}: scenario '{}' is already defined (catalogue or an earlier file)", file, s.name));
-        }
+      const auto [known, added] = origin.emplace(s.name, file);
+      if (!added) {
+        throw scenarios::InvalidInput(fmt::format(
+            "{}: scenario '{}' is already defined in {}; give it a name of its own", file,
+            s.name, known->second == file ? "this file" : known->second));
       }
       pool.push_back(std::move(s));
     }
@@ -199,6 +212,7 @@ struct RunOptions {
   std::vector<std::string> scenario_files;
   PythonStepOptions python_step;
   int jobs = 0;  // 0: every core
+  std::string memory_budget;  // empty: kDefaultMemoryFraction of the machine's memory
 };
 
 std::chrono::milliseconds timeout_of(const RunOptions& options) {
@@ -340,6 +354,120 @@ int report(const oracles::Evaluation& evaluation, const RunOptions& options,
   return evaluation.all_met() ? kExitAsExpected : kExitUnexpected;
 }
 
+// This machine's memory: physical memory, or the control group's limit when lower.
+double machine_memory_bytes() {
+  double bytes = static_cast<double>(sysconf(_SC_PHYS_PAGES)) * static_cast<double>(sysconf(_SC_PAGE_SIZE));
+  std::ifstream limit("/sys/fs/cgroup/memory.max");
+  std::string text;
+  if (limit >> text && text != "max") {
+    try {
+      bytes = std::min(bytes, std::stod(text));
+    } catch (const std::logic_error&) {
+    }
+  }
+  return bytes;
+}
+
+std::string gib(double bytes) { return fmt::format("{:.1f} GiB", bytes / (1 << 30)); }
+
+// The memory budget: "--memory-budget" as bytes with an optional K, M, G or T suffix (powers
+// of 1024, "iB" or "B" may follow) or as a percentage of the machine's memory.
+struct MemoryBudget {
+  double bytes = 0;
+  std::string says;  // how it was set, for messages
+};
+
+MemoryBudget memory_budget(const std::string& text) {
+  const double machine = machine_memory_bytes();
+  if (text.empty()) {
+    return {machine * kDefaultMemoryFraction,
+            fmt::format("{} of this machine's {}", gib(machine * kDefaultMemoryFraction), gib(machine))};
+  }
+  std::size_t used = 0;
+  double value = -1;
+  try {
+    value = std::stod(text, &used);
+  } catch (const std::logic_error&) {
+  }
+  std::string unit = text.substr(used);
+  const auto fail = [&] {
+    throw scenarios::InvalidInput(fmt::format(
+        "--memory-budget '{}': expected a size such as 8G, 512M or 2.5GiB, or a share of this "
+        "machine's memory such as 75%",
+        text));
+  };
+  if (!std::isfinite(value) || value <= 0 || used == 0) fail();
+  if (unit == "%") {
+    if (value > 100) fail();
+    return {machine * value / 100, fmt::format("{} ({} of this machine's {})", gib(machine * value / 100), text, gib(machine))};
+  }
+  if (unit.size() >= 2 && (unit.ends_with("iB") || unit.ends_with("ib"))) unit.resize(unit.size() - 2);
+  else if (!unit.empty() && (unit.back() == 'B' || unit.back() == 'b')) unit.pop_back();
+  double scale = 1;
+  if (unit.size() > 1) fail();
+  if (!unit.empty()) {
+    const std::string units = "KMGT";
+    const std::size_t power = units.find(static_cast<char>(std::toupper(static_cast<unsigned char>(unit[0]))));
+    if (power == std::string::npos) fail();
+    scale = std::pow(1024.0, static_cast<double>(power + 1));
+  }
+  return {value * scale, fmt::format("{} (--memory-budget {})", gib(value * scale), text)};
+}
+
+// Input errors a rank would only meet once running, found before any rank starts.
+void check_before_running(const std::vector<scenarios::Scenario>& scenario_list,
+                          const harness::RunOptions& run_options, const RunOptions& options,
+                          int* workers) {
+  const harness::FaultInjection& fault = run_options.fault;
+  for (const scenarios::Scenario& s : scenario_list) {
+    if (fault.rank >= 0 && options.launcher == "threads" && fault.rank >= s.world_size) {
+      throw scenarios::InvalidInput(fmt::format(
+          "--inject-fault {}: scenario '{}' has {} ranks (0..{}), so rank {} would never fail",
+          options.fault, s.name, s.world_size, s.world_size - 1, fault.rank));
+    }
+    if (fault.rank >= 0 && fault.step >= s.steps) {
+      throw scenarios::InvalidInput(fmt::format(
+          "--inject-fault {}: scenario '{}' has {} step{} (0..{}), so step {} never comes",
+          options.fault, s.name, s.steps, s.steps == 1 ? "" : "s", s.steps - 1, fault.step));
+    }
+    for (const scenarios::ExpectedVerdict& e : s.expected_verdicts) {
+      const auto& all = harness::variants();
+      if (std::none_of(all.begin(), all.end(), [&](const harness::VariantSpec& v) {
+            return fnmatch(e.variant_pattern.c_str(), v.name.c_str(), 0) == 0;
+          })) {
+        throw scenarios::InvalidInput(fmt::format(
+            "scenario '{}': the documented finding for variant '{}' matches no variant (see "
+            "gradnorm list --variants); a finding that can never apply cannot be checked",
+            s.name, e.variant_pattern));
+      }
+    }
+  }
+  // Memory: ranks as threads hold every rank in this process; a rank process holds one, and
+  // the supervisor's W processes share this machine.
+  const MemoryBudget budget = memory_budget(options.memory_budget);
+  double largest = 0;
+  for (const scenarios::Scenario& s : scenario_list) {
+    const int processes = options.launcher == "processes" ? s.world_size : 1;
+    const int ranks_each = options.launcher == "threads" ? s.world_size : 1;
+    const double need = processes * scenarios::estimate_memory_bytes(s, ranks_each);
+    if (need > budget.bytes) {
+      throw scenarios::InvalidInput(fmt::format(
+          "scenario '{}' needs about {} by gradnorm's estimate ({:.3g} parameter elements per "
+          "rank, {} rank{} here, {} x {} x {} logits a micro-batch), more than the memory budget "
+          "of {}; make it smaller or raise --memory-budget",
+          s.name, gib(need), scenarios::parameter_elements(s), options.launcher == "env" ? 1 : s.world_size,
+          s.world_size == 1 || options.launcher == "env" ? "" : "s", s.micro_batch_size,
+          s.sequence_length, s.vocab_size, budget.says));
+    }
+    largest = std::max(largest, need);
+  }
+  // Scenarios judged at once share the budget; fewer at once change no result (design §8).
+  if (workers != nullptr && largest > 0) {
+    const double fit = std::floor(budget.bytes / largest);
+    *workers = std::max(1, static_cast<int>(std::min(fit, static_cast<double>(*workers))));
+  }
+}
+
 int run_command(const RunOptions& options, int argc, char** argv) {
   auto scenario_list = pick_scenarios(options.scenario_patterns, options.scenario_files);
   // Before anything runs: a report path that cannot or must not be written is an input error.
@@ -356,6 +484,9 @@ int run_command(const RunOptions& options, int argc, char** argv) {
     throw scenarios::InvalidInput(
         "--nproc W starts W rank processes; it cannot go with --launcher threads (drop one)");
   }
+  int workers = options.jobs > 0
+                    ? options.jobs
+                    : 2 * static_cast<int>(std::max(1u, std::thread::hardware_concurrency()));
 
   if (options.launcher == "processes") {
     if (options.processes < 1) {
@@ -366,7 +497,9 @@ int run_command(const RunOptions& options, int argc, char** argv) {
           "--inject-fault {}: rank {} does not exist with --nproc {} (ranks 0..{})", options.fault,
           run_options.fault.rank, options.processes, options.processes - 1));
     }
-    (void)with_world_size(scenario_list, options.processes);  // fail here, not in W children
+    // Fail here, not in W children.
+    check_before_running(with_world_size(scenario_list, options.processes), run_options, options,
+                         nullptr);
     if (options.backend == "nccl" && !harness::nccl_compiled_in()) {
       throw scenarios::InvalidInput(
           "--backend nccl: this gradnorm was built without NCCL; configure with "
@@ -383,13 +516,12 @@ int run_command(const RunOptions& options, int argc, char** argv) {
       .use_documented_findings = !options.ignore_findings,
       // Two scenarios per core by default: a scenario's rank threads wait for each other at
       // every collective, and another scenario's ranks fill those waits (docs/design.md §8).
-      .workers = options.jobs > 0
-                     ? options.jobs
-                     : 2 * static_cast<int>(std::max(1u, std::thread::hardware_concurrency()))};
+      .workers = workers};
   std::unique_ptr<harness::Transport> transport;
   if (options.launcher == "env") {
     const harness::Rendezvous rendezvous = harness::rendezvous_from_environment();
     scenario_list = with_world_size(scenario_list, rendezvous.world_size);
+    check_before_running(scenario_list, run_options, options, &evaluate_options.workers);
     harness::DeterminismGuard guard;
     transport = harness::make_process_group_transport(rendezvous, run_options, options.backend);
     evaluate_options.transport = transport.get();
@@ -406,6 +538,7 @@ int run_command(const RunOptions& options, int argc, char** argv) {
     return code;
   }
 
+  check_before_running(scenario_list, run_options, options, &evaluate_options.workers);
   harness::DeterminismGuard guard;
   harness::ThreadTransport threads(run_options);
   evaluate_options.transport = &threads;
@@ -533,6 +666,20 @@ int run_command_line(int argc, char** argv) {
         return std::isfinite(value) ? std::string() : std::string("must be a finite number, got ") + text;
       },
       "FINITE");
+  // CLI11 reads "-1" into an unsigned seed as 2^64 - 1 and saturates 2^64: a seed is digits
+  // that fit 64 bits, or an error.
+  const CLI::Validator seed_number(
+      [](std::string& text) {
+        std::uint64_t value = 0;
+        const char* end = text.data() + text.size();
+        const auto [stop, error] = std::from_chars(text.data(), end, value);
+        if (text.empty() || error != std::errc() || stop != end) {
+          return fmt::format("must be a whole number in [0, {}], got '{}'",
+                             std::numeric_limits<std::uint64_t>::max(), text);
+        }
+        return std::string();
+      },
+      "SEED");
   CLI::App* run = app.add_subcommand("run", "run scenarios x variants and print the verdicts");
   run->add_option("--scenario,-s", run_options.scenario_patterns,
                   "scenario name or shell pattern (repeatable; default: the whole catalogue)");
@@ -575,6 +722,10 @@ int run_command_line(int argc, char** argv) {
                   "scenarios judged at once with ranks as threads (default: two per core); the "
                   "results are the same whatever the number")
       ->check(CLI::Range(1, 1024));
+  run->add_option("--memory-budget", run_options.memory_budget,
+                  "the most memory a scenario may need by gradnorm's estimate, as a size (8G, "
+                  "512M) or a share of this machine's memory (75%); default: half of it. A "
+                  "scenario above it is an input error, before any rank starts");
   run->add_flag("--ignore-findings", run_options.ignore_findings,
                 "treat documented findings as failures: every reference and candidate must "
                 "agree with the oracle");
@@ -624,7 +775,8 @@ int run_command_line(int argc, char** argv) {
       "stream", "write the reference stream of ragged steps (the speed workload) as a scenario file");
   stream->add_option("--cases", stream_options.cases, "scenarios in the stream (default 300)")
       ->check(CLI::Range(1, 10000000));
-  stream->add_option("--seed", stream_options.seed, "the stream's seed (default 1)");
+  stream->add_option("--seed", stream_options.seed, "the stream's seed (default 1)")
+      ->check(seed_number);
   stream->add_option("--out", stream_options.out, "the TOML file to write (default: standard output)");
 
   tools::FuzzOptions fuzz_options;
@@ -635,7 +787,8 @@ int run_command_line(int argc, char** argv) {
   fuzz->add_option("--variant,-v", fuzz_options.variants,
                    "fuzz this step (name or pattern, repeatable): it must agree with the oracle "
                    "wherever its reference does; default: the harness's own properties");
-  fuzz->add_option("--seed", fuzz_options.seed, "generator seed; the same seed replays the same cases");
+  fuzz->add_option("--seed", fuzz_options.seed, "generator seed; the same seed replays the same cases")
+      ->check(seed_number);
   PythonStepOptions fuzz_python_step;
   add_python_step_options(*fuzz, fuzz_python_step);
 
@@ -773,10 +926,11 @@ int run_command_line(int argc, char** argv) {
   } catch (const std::exception& error) {
     // A rank process that failed outside the recipe: leave the cause for the supervisor.
     const char* rank = std::getenv("RANK");
-    const std::string cause = dynamic_cast<const harness::CommunicationError*>(&error)
-                                  ? harness::first_line(error.what())
-                                  : fmt::format("rank {} threw: {}", rank ? rank : "?",
-                                                harness::first_line(error.what()));
+    // Without RANK this is the one process of a thread run: no rank to name.
+    const std::string cause =
+        dynamic_cast<const harness::CommunicationError*>(&error) || rank == nullptr
+            ? harness::first_line(error.what())
+            : fmt::format("rank {} threw: {}", rank, harness::first_line(error.what()));
     tools::write_rank_status(rank ? std::atoi(rank) : -1, cause);
     fmt::print(stderr, "gradnorm: {}\n", cause);
     return tools::kExitRankFailed;

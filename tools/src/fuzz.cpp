@@ -44,6 +44,10 @@ int fuzz_command(const FuzzOptions& options) {
         ++ran;
         p::agrees_where_reference_does(name, *scenarios::ragged_rank_scenarios());
       });
+      held &= rc::check(name + " agrees where its reference does, on any ranks", [name, &ran] {
+        ++ran;
+        p::agrees_where_reference_does(name, *scenarios::multi_rank_scenarios());
+      });
     }
     throughput();
     fmt::print("{}\n", held ? "every property held" : "a property failed: see the counter-example above");
@@ -52,6 +56,10 @@ int fuzz_command(const FuzzOptions& options) {
   held &= rc::check("baseline agrees with the oracle on one device", [&ran] {
     ++ran;
     p::baseline_agrees_with_the_oracle(*scenarios::single_device_scenarios());
+  });
+  held &= rc::check("baseline agrees with the oracle on any ranks", [&ran] {
+    ++ran;
+    p::baseline_agrees_with_the_oracle_on_ranks(*scenarios::multi_rank_scenarios());
   });
   held &= rc::check("skip agrees on one device when every micro-batch holds a token", [&ran] {
     ++ran;

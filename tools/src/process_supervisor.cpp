@@ -21,14 +21,25 @@ extern char** environ;
 namespace gradnorm::tools {
 namespace {
 
-std::atomic<bool> g_interrupted{false};
-void on_signal(int) { g_interrupted = true; }
+std::atomic<int> g_signal{0};  // the signal that asked the run to stop; 0 for none
+void on_signal(int signal) { g_signal = signal; }
 
 std::string read_first_line(const std::filesystem::path& path) {
   std::ifstream file(path);
   std::string line;
   std::getline(file, line);
   return line;
+}
+
+// The lines of a rank's log past LibTorch's warnings.
+std::string log_text(const std::filesystem::path& path) {
+  std::ifstream file(path);
+  std::string out;
+  for (std::string line; std::getline(file, line);) {
+    if (line.rfind("[W ", 0) == 0) continue;
+    out += out.empty() ? line : "\n" + line;
+  }
+  return out;
 }
 
 std::string last_lines(const std::filesystem::path& path, std::size_t count) {
@@ -90,8 +101,8 @@ int supervise(const SupervisorOptions& options) {
 
   struct sigaction action {};
   action.sa_handler = on_signal;
-  sigaction(SIGINT, &action, nullptr);
-  sigaction(SIGTERM, &action, nullptr);
+  // A closed terminal (SIGHUP) ends the run as INT and TERM do: ranks stopped, folder gone.
+  for (int signal : {SIGINT, SIGTERM, SIGHUP}) sigaction(signal, &action, nullptr);
 
   const pid_t supervisor = getpid();
   const bool rank0_prints = options.rank0_prints;
@@ -185,7 +196,9 @@ int supervise(const SupervisorOptions& options) {
                           std::chrono::duration_cast<std::chrono::seconds>(
                               options.timeout * 10 + std::chrono::seconds(30)).count());
     }
-    if (!failed_rank && !fault && g_interrupted) fault = "interrupted";
+    if (!failed_rank && !fault && g_signal != 0) {
+      fault = fmt::format("interrupted by signal {} ({})", g_signal.load(), strsignal(g_signal));
+    }
     if (!failed_rank && !fault) std::this_thread::sleep_for(std::chrono::milliseconds(5));
   }
   if (failed_rank) {
@@ -215,12 +228,18 @@ int supervise(const SupervisorOptions& options) {
   }
   if (fault && group > 0) kill(-group, SIGKILL);
   for (std::size_t rank = 0; rank < children.size(); ++rank) reap(rank, true);
+  // Rank 0 reports for the run; what it said on stderr (an input error found only there, a
+  // report it could not write) is the run's to say, before its log goes with the folder.
+  const std::string rank0_said =
+      fault ? std::string() : log_text(folder / "rank0.log");
   std::error_code ignored;
   std::filesystem::remove_all(folder, ignored);
   if (fault) {
     fmt::print(stderr, "gradnorm: run aborted: {}\n", *fault);
-    return kExitRankFailed;
+    // As a shell reports a command a signal ended: 128 + the signal.
+    return g_signal != 0 ? 128 + g_signal : kExitRankFailed;
   }
+  if (!rank0_said.empty()) fmt::print(stderr, "{}\n", rank0_said);
   return WEXITSTATUS(*status[0]);
 }
 

@@ -60,6 +60,9 @@ struct Visibility {
 struct Finding {
   std::string verdict;  // "fail", "error-mismatch", ...
   std::string reason;
+  // The checks it fails, exactly (scenarios::ExpectedVerdict::checks); empty for an
+  // error-mismatch means error-behaviour.
+  std::vector<std::string> checks{};
 };
 
 struct VariantSpec {

@@ -8,6 +8,7 @@
 
 #include <cmath>
 #include <string>
+#include <vector>
 
 #include "gradnorm/harness/runner.hpp"
 #include "gradnorm/oracles/judgement.hpp"
@@ -51,10 +52,19 @@ inline void baseline_agrees_with_the_oracle(const scenarios::Scenario& s) {
     RC_ASSERT(v.kind == VerdictKind::error_mismatch);
   } else {
     RC_ASSERT(v.kind == VerdictKind::fail);
-    for (const std::string& reason : v.reasons) {
-      RC_ASSERT(reason.find("logged loss") != std::string::npos);
-    }
+    RC_ASSERT(v.failed_checks == std::vector<std::string>{"logged-loss"});
   }
+}
+
+// The same on any multi-rank step (accumulation, empty micro-batches and ranks, every
+// optimizer, clipping across ranks): an empty micro-batch or rank, anywhere, reaches every
+// rank's logged loss through the all-reduce, or makes that rank's backward raise.
+inline void baseline_agrees_with_the_oracle_on_ranks(const scenarios::Scenario& s) {
+  RC_CLASSIFY(s.world_size > 8, "W > 8");
+  RC_CLASSIFY(s.accumulation_steps > 1, "accumulation");
+  RC_CLASSIFY(has_empty_micro_batch(s), "an empty micro-batch");
+  RC_CLASSIFY(s.steps > 1, "several steps");
+  baseline_agrees_with_the_oracle(s);
 }
 
 // The pull request's claim on one device: skip agrees with the oracle whenever every
@@ -88,8 +98,10 @@ inline void token_weights_follow_the_arithmetic(const scenarios::Scenario& s) {
                               : variant == "world-size-only" ? 1.0 / n_r
                                                              : 1.0 / n;
       for (double weight : rank.weights) {
-        // float64 gradients; the baseline's scale W/N is a float32 scalar (2^-24 relative).
-        RC_ASSERT(std::abs(weight - expected) <= 1e-7 * expected);
+        // float64 gradients; the baseline's scale W/N is a float32 scalar made the recipe's
+        // way, a reciprocal and then a product (number_over): two float32 roundings, at most
+        // 2^-23 = 1.19e-7 relative (measured 1.013e-7 at W = 5, N = 244).
+        RC_ASSERT(std::abs(weight - expected) <= 0x1p-23 * expected);
       }
     }
   }

@@ -25,6 +25,9 @@ enum class VerdictKind {
 struct Verdict {
   VerdictKind kind = VerdictKind::pass;
   std::vector<std::string> reasons;  // empty for pass; each names quantity, figure and bound
+  // The checks that failed, by name (scenarios::kCheckNames, and "run" for an aborted run),
+  // sorted: a documented finding must name exactly these.
+  std::vector<std::string> failed_checks;
   std::string outcome;               // how the step ended: "finite", "raises c10::Error", ...
   ErrorMetrics gradients;            // against the oracle, worst over steps
   ErrorMetrics updates;              // parameter updates against the oracle's

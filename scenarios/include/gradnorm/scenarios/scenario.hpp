@@ -41,11 +41,26 @@ enum class MaskPattern { trailing_padding, prompt_prefix, random_holes };
 // A documented finding: on this scenario, variants matching `variant_pattern` (shell-style)
 // are known to end with `verdict` ("fail", "error-mismatch", ...) for the stated reason. A run
 // that no longer reproduces it says so, so the note cannot go stale silently.
+//
+// `checks` names the checks the finding fails. Nothing else may fail on the row, past what
+// follows from them (a wrong gradient makes a wrong update and a wrong clipped norm; a wrong
+// norm clips the update wrongly; past the first step a wrong update moves every later
+// number): a second bug on a finding's row cannot hide behind the first. A "fail" names at
+// least one; an "error-mismatch" fails error-behaviour alone (the default); "pass" and
+// "expected-error" fail none.
 struct ExpectedVerdict {
   std::string variant_pattern;
   std::string verdict;
   std::string reason;
+  std::vector<std::string> checks{};
 };
+
+// The checks a verdict is made of, by the names findings and reports use: every step ran,
+// gradients, the parameter update, the logged loss, the clipped gradient norm, replicas
+// agreeing bit for bit, and the error contract (raising, N = 0).
+inline constexpr std::string_view kCheckNames[] = {
+    "steps", "gradients", "parameter-update", "logged-loss", "grad-norm", "ranks-agree",
+    "error-behaviour"};
 
 // Where a rank sits on torchtune's device mesh ("dp_replicate", "dp_shard", "cp", "tp"),
 // tp varying fastest.
@@ -114,9 +129,20 @@ struct Scenario {
 // Throws InvalidInput naming the field and the offending values.
 void validate(const Scenario& scenario);
 
+// Trainable and frozen parameter elements of the scenario's model, per rank (a TorchScript
+// model's from its archive's size, at four bytes an element).
+[[nodiscard]] double parameter_elements(const Scenario& scenario);
+// An upper estimate, in bytes, of the memory one process takes to run the scenario with
+// `ranks_in_process` of its ranks in it (all of them as threads, one as a rank process):
+// LibTorch's own footprint, then per parameter element the model, its gradients, optimizer
+// state, snapshots and the float64 oracle's copies, and per rank one micro-batch's
+// activations. Calibrated against measured peaks (docs/design.md §12).
+[[nodiscard]] double estimate_memory_bytes(const Scenario& scenario, int ranks_in_process);
+
 // One line that reads as the scenario: used by rapidcheck and by reports.
 [[nodiscard]] std::string describe(const Scenario& scenario);
-// Prints describe(): GoogleTest and rapidcheck show a counter-example as a scenario.
+// Prints describe() and then scenario_table(): GoogleTest and rapidcheck show a
+// counter-example as a scenario, and as the [[scenario]] table that replays it.
 std::ostream& operator<<(std::ostream& out, const Scenario& scenario);
 
 [[nodiscard]] std::string_view to_string(DType value);

@@ -11,6 +11,7 @@
 //   variant = "skip"
 //   verdict = "fail"
 //   reason = "ranks are ragged"
+//   checks = ["gradients"]        # the checks it fails (docs/design.md §12)
 //
 //   [[variant]]                    # optional: a step written in Python (docs/design.md §10)
 //   name = "my-skip"
@@ -23,6 +24,7 @@
 // unknown key, a wrong type or an impossible value throws InvalidInput naming the file, the
 // scenario and the field.
 
+#include <cstddef>
 #include <string>
 #include <vector>
 
@@ -45,10 +47,20 @@ struct ScenarioFile {
   std::vector<VariantDeclaration> variants;
 };
 
+// The largest scenario file read: 64 MiB holds about 240,000 scenarios as `gradnorm stream`
+// writes them (272 bytes each); a larger one is more likely a wrong path (a log, an image)
+// than scenarios.
+inline constexpr std::size_t kMaxScenarioFileBytes = std::size_t{64} << 20;
+
 // A file needs at least one [[scenario]] or [[variant]] table.
 [[nodiscard]] ScenarioFile load_scenario_file_contents(const std::string& path);
 [[nodiscard]] ScenarioFile parse_scenario_file(const std::string& toml_text,
                                                const std::string& source_name);
+
+// One [[scenario]] table holding every field of `scenario` (documented findings included),
+// which parse_scenario_file reads back as the same scenario: a counter-example replays from
+// it. A TorchScript model's file is written as an absolute path.
+[[nodiscard]] std::string scenario_table(const Scenario& scenario);
 
 // The scenarios alone; a file without a [[scenario]] table is an error here.
 [[nodiscard]] std::vector<Scenario> load_scenario_file(const std::string& path);
