@@ -36,9 +36,15 @@ rc::Gen<T> any_of(std::initializer_list<T> values) {
 }
 
 // Optimizer, its momentum and weight decay, clipping and the number of steps: every kind at
-// every size.
+// every size. Call after the dtype is drawn: AdamW's first update is lr x g/|g| per element,
+// so in bfloat16 a gradient element below its resolution (rounded to zero or across zero)
+// becomes a full-size update of another sign, which the update check cannot tell from a bug
+// (fuzzing found it at once: got 0, want 0.09999). Generated AdamW steps are float32 or
+// float64.
 inline void draw_optimizer(Scenario& s) {
-  s.optimizer = *any_of({OptimizerKind::sgd, OptimizerKind::sgd_momentum, OptimizerKind::adamw});
+  s.optimizer = s.dtype == DType::bfloat16
+                    ? *any_of({OptimizerKind::sgd, OptimizerKind::sgd_momentum})
+                    : *any_of({OptimizerKind::sgd, OptimizerKind::sgd_momentum, OptimizerKind::adamw});
   if (s.optimizer == OptimizerKind::sgd_momentum) s.momentum = *any_of({0.9, 0.5});
   if (s.optimizer == OptimizerKind::adamw) s.learning_rate = *any_of({0.01, 0.1});
   s.weight_decay = *any_of({0.0, 0.0, 0.01});
@@ -46,7 +52,11 @@ inline void draw_optimizer(Scenario& s) {
   const int clip = *anywhere_in(0, 3);
   if (clip == 1) s.clip_max_norm = 0.01;
   if (clip == 2) s.clip_max_norm = 100.0;
-  s.steps = *anywhere_in(1, 4);
+  // The oracle follows its own float64 trajectory, so bfloat16's rounding compounds step
+  // over step: fuzzing found a third bfloat16 step 3.4% off in its logged loss (one token,
+  // LoRA, lr 0.5), past the 2% tolerance, in baseline and candidates alike. bfloat16 steps
+  // stop at 2.
+  s.steps = *anywhere_in(1, s.dtype == DType::bfloat16 ? 3 : 4);
 }
 
 // A valid single-device scenario: random counts (zero allowed), window, mask, model, loss,
