@@ -1,4 +1,5 @@
 #include <gtest/gtest.h>
+#include <rapidcheck/gtest.h>
 #include <sys/stat.h>
 
 #include <fstream>
@@ -6,6 +7,8 @@
 #include <string>
 #include <vector>
 
+#include "gradnorm/scenarios/catalogue.hpp"
+#include "gradnorm/scenarios/generators.hpp"
 #include "gradnorm/scenarios/scenario_file.hpp"
 #include "support/files.hpp"
 
@@ -99,6 +102,36 @@ TEST(ScenarioFile, RejectsMeshProductsPastAnIntAndNulBytes) {
   EXPECT_TRUE(rejects("[[scenario]]\nname = \"x\"\nvalid_tokens = [[1]]\ntp = 65536\ncp = 65536\n",
                       "imply 1 rows x tp 65536 x cp 65536 = 4294967296 ranks, more than 4096"));
   EXPECT_TRUE(rejects(std::string("[[scenario]]\n[\0", 16), "test.toml:2: not valid TOML: a NUL byte"));
+}
+
+// A counter-example's [[scenario]] table replays it: read back, it is the same scenario in
+// every field (the table of the copy equals the table of the original, and so do the lines).
+RC_GTEST_PROP(ScenarioTable, ReadsBackAsTheSameScenario, ()) {
+  const Scenario s = *rc::gen::oneOf(single_device_scenarios(), multi_rank_scenarios(), ragged_rank_scenarios());
+  const std::string table = scenario_table(s);
+  const std::vector<Scenario> back = parse_scenarios(table, "replay.toml");
+  RC_ASSERT(back.size() == 1u);
+  RC_ASSERT(scenario_table(back[0]) == table);
+  RC_ASSERT(describe(back[0]) == describe(s));
+}
+
+// Every catalogue scenario too, with its findings and their checks; and the control: a
+// changed field shows in the table.
+TEST(ScenarioTable, ReplaysTheCatalogueWithItsFindings) {
+  for (const Scenario& s : catalogue()) {
+    const std::vector<Scenario> back = parse_scenarios(scenario_table(s), "replay.toml");
+    ASSERT_EQ(back.size(), 1u) << s.name;
+    EXPECT_EQ(scenario_table(back[0]), scenario_table(s)) << s.name;
+    ASSERT_EQ(back[0].expected_verdicts.size(), s.expected_verdicts.size()) << s.name;
+    for (std::size_t i = 0; i < s.expected_verdicts.size(); ++i) {
+      EXPECT_EQ(back[0].expected_verdicts[i].checks, s.expected_verdicts[i].checks) << s.name;
+    }
+  }
+  Scenario changed = catalogue().front();
+  const std::string before = scenario_table(changed);
+  changed.weight_decay = 0.25;
+  EXPECT_NE(scenario_table(changed), before);
+  EXPECT_NE(scenario_table(changed).find("weight_decay = 0.25\n"), std::string::npos);
 }
 
 // An empty string is not a default: dtype = "" and model = "" are refused by name.
