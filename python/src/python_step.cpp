@@ -485,7 +485,10 @@ std::string module_name_for(const std::string& file) {
 
 const LoadedStep& load(const StepSource& source) {
   static std::mutex mutex;
-  static std::map<std::pair<std::string, std::string>, LoadedStep*> loaded;
+  // Never destroyed, like the steps it holds (their Python objects outlive static
+  // destruction): at exit the steps stay reachable instead of reading as leaked once the map
+  // is gone (LeakSanitizer reported them).
+  static auto& loaded = *new std::map<std::pair<std::string, std::string>, LoadedStep*>();
   std::lock_guard lock(mutex);
   const auto key = std::make_pair(source.file, source.function);
   if (auto found = loaded.find(key); found != loaded.end()) return *found->second;
