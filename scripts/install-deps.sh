@@ -14,6 +14,7 @@ packages=(
   libvalijson-dev                   # gradnorm validate-report: JSON Schema validation
   python3-jsonschema                # tests: a second, independent validator of the report schema
   clang libclang-rt-14-dev          # tests: the scenario-file parser under libFuzzer (fuzz/)
+  slurmd slurmctld slurm-client munge  # tests: ranks under a single-node Slurm on localhost
 )
 
 missing=()

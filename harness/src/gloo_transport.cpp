@@ -1,5 +1,5 @@
-// Ranks as processes over PyTorch's own c10d process groups (Gloo always; NCCL where LibTorch
-// was built with CUDA). No hand-written networking: collectives are c10d's, rendezvous is a
+// Ranks as processes over PyTorch's own c10d process groups (Gloo always; raw NCCL, loaded at
+// run time, where the build found the CUDA toolkit: see nccl_backend.cpp). No hand-written networking: collectives are c10d's, rendezvous is a
 // c10d FileStore or TCPStore.
 #include <ATen/ATen.h>
 #include <torch/csrc/distributed/c10d/FileStore.hpp>
@@ -10,10 +10,15 @@
 #include <fmt/format.h>
 #include <fmt/ranges.h>
 
+#include <unistd.h>
+
 #include <algorithm>
+#include <atomic>
+#include <cstdio>
 #include <cstdlib>
 #include <functional>
 #include <map>
+#include <optional>
 #include <thread>
 
 #include "gradnorm/harness/transport.hpp"
@@ -27,7 +32,8 @@ std::string required_env(const char* name) {
   if (value == nullptr || *value == '\0') {
     throw scenarios::InvalidInput(fmt::format(
         "environment variable {} is not set: a process rank needs RANK, WORLD_SIZE and either "
-        "GRADNORM_STORE=file:PATH or MASTER_ADDR and MASTER_PORT",
+        "GRADNORM_STORE=file:PATH or MASTER_ADDR and MASTER_PORT (or, under Slurm, "
+        "SLURM_PROCID, SLURM_NTASKS and SLURM_JOB_NODELIST)",
         name));
   }
   return value;
@@ -43,6 +49,36 @@ int integer_env(const char* name, int low, int high) {
   }
   throw scenarios::InvalidInput(
       fmt::format("environment variable {}='{}': expected an integer in [{}, {}]", name, text, low, high));
+}
+
+std::optional<std::string> optional_env(const char* name) {
+  const char* value = std::getenv(name);
+  if (value == nullptr || *value == '\0') return std::nullopt;
+  return std::string(value);
+}
+
+// An integer variable where set; -1 (or `absent`) where not.
+int optional_integer_env(const char* name, int low, int high, int absent = -1) {
+  if (!optional_env(name)) return absent;
+  return integer_env(name, low, high);
+}
+
+bool is_loopback(const std::string& host) {
+  return host == "localhost" || host.rfind("127.", 0) == 0 || host == "::1";
+}
+
+// The interface Gloo's pairs listen on: loopback for a loopback rendezvous; the one named by
+// GLOO_SOCKET_IFNAME (as torch.distributed honours it); else the address this host's name
+// resolves to, so ranks on other hosts can reach it (not MASTER_ADDR, which is rank 0's).
+std::shared_ptr<::gloo::transport::Device> gloo_device(const Rendezvous& rendezvous) {
+  if (!rendezvous.file_store.empty()) return c10d::ProcessGroupGloo::createDeviceForHostname("127.0.0.1");
+  if (const auto interface = optional_env("GLOO_SOCKET_IFNAME")) {
+    return c10d::ProcessGroupGloo::createDeviceForInterface(*interface);
+  }
+  if (is_loopback(rendezvous.master_addr)) {
+    return c10d::ProcessGroupGloo::createDeviceForHostname(rendezvous.master_addr);
+  }
+  return c10d::ProcessGroupGloo::createDefaultDevice();
 }
 
 // A CommunicationError that names this rank and the collective's LibTorch error.
@@ -128,11 +164,19 @@ class ProcessGroupTransport final : public Transport {
       } else {
         c10d::TCPStoreOptions tcp;
         tcp.port = static_cast<std::uint16_t>(rendezvous.master_port);
-        tcp.isServer = rendezvous.rank == 0;
+        // Under torchrun's agent the store is already served: serving it again fails to bind.
+        tcp.isServer = rendezvous.rank == 0 && !rendezvous.agent_store;
         tcp.numWorkers = rendezvous.world_size;
         tcp.waitWorkers = true;
         tcp.timeout = options_.timeout;
         store_ = c10::make_intrusive<c10d::TCPStore>(rendezvous.master_addr, tcp);
+        serves_store_ = tcp.isServer;
+        // As torch.distributed's own ranks do: each restart of the agent's workers gets a
+        // fresh key space, so keys an earlier attempt left cannot be read as this one's.
+        if (rendezvous.agent_store) {
+          store_ = c10::make_intrusive<c10d::PrefixStore>(
+              fmt::format("/worker/attempt_{}", rendezvous.restart_count), store_);
+        }
       }
       store_->setTimeout(options_.timeout);
       auto group_store = c10::make_intrusive<c10d::PrefixStore>("group", store_);
@@ -140,21 +184,99 @@ class ProcessGroupTransport final : public Transport {
         backend_ = make_nccl_backend(group_store, rendezvous, options_.timeout);
       } else {
         auto gloo_options = c10d::ProcessGroupGloo::Options::create(options_.timeout);
-        gloo_options->devices.push_back(c10d::ProcessGroupGloo::createDeviceForHostname(
-            rendezvous.file_store.empty() ? rendezvous.master_addr : "127.0.0.1"));
+        gloo_options->devices.push_back(gloo_device(rendezvous));
         backend_.group = c10::make_intrusive<c10d::ProcessGroupGloo>(
             group_store, rendezvous.rank, rendezvous.world_size, gloo_options);
         backend_.name = "gloo";
         backend_.widen_bfloat16 = true;
       }
-    } catch (const c10::Error& error) {
-      throw CommunicationError(fmt::format("rank {}: rendezvous failed: {}", rendezvous.rank,
-                                           first_line(error.what_without_backtrace())));
+    } catch (const scenarios::InvalidInput&) {
+      throw;
+    } catch (const std::exception& error) {  // c10::Error, or a socket's own runtime_error
+      const auto* torch_error = dynamic_cast<const c10::Error*>(&error);
+      std::string where;
+      if (rendezvous.file_store.empty()) {
+        where = fmt::format(" (the store at {}:{}, served by {})", rendezvous.master_addr,
+                            rendezvous.master_port,
+                            rendezvous.agent_store ? "torchrun's agent" : "rank 0");
+      }
+      throw CommunicationError(fmt::format(
+          "rank {}: rendezvous failed{}: {}", rendezvous.rank, where,
+          first_line(torch_error ? torch_error->what_without_backtrace() : error.what())));
     }
     FaultInjection& fault = options_.fault;
     fault.hang = [] {
-      for (;;) std::this_thread::sleep_for(std::chrono::seconds(1));  // the supervisor kills us
+      // The supervisor, or the watchdog once a peer gives up on us, ends this process.
+      for (;;) std::this_thread::sleep_for(std::chrono::seconds(1));
     };
+    if (rendezvous.file_store.empty()) start_watchdog();
+  }
+
+  ~ProcessGroupTransport() override { stop_watchdog(); }
+  ProcessGroupTransport(const ProcessGroupTransport&) = delete;
+  ProcessGroupTransport& operator=(const ProcessGroupTransport&) = delete;
+
+  std::string abort(const std::string& cause) override {
+    if (!rendezvous_.file_store.empty()) return cause;  // the supervisor ends the others
+    leaving_ = true;
+    std::string message = cause;
+    try {
+      store_->set(failed_key(rendezvous_.rank), bytes(cause));
+      // A rank that failed inside a collective is usually a victim: name the ranks that
+      // never said why they left, after a moment in which the other victims say so.
+      if (cause.find(" failed: ") != std::string::npos) {
+        std::vector<int> silent;
+        const auto grace = std::chrono::steady_clock::now() + std::chrono::milliseconds(500);
+        do {
+          silent.clear();
+          for (int rank = 0; rank < rendezvous_.world_size; ++rank) {
+            if (rank == rendezvous_.rank) continue;
+            if (!store_->check({failed_key(rank)}) && !store_->check({done_key(rank)})) silent.push_back(rank);
+          }
+          if (silent.empty()) break;
+          std::this_thread::sleep_for(std::chrono::milliseconds(20));
+        } while (std::chrono::steady_clock::now() < grace);
+        std::string culprit;
+        for (int rank = 0; rank < rendezvous_.world_size && culprit.empty(); ++rank) {
+          if (rank == rendezvous_.rank || !store_->check({failed_key(rank)})) continue;
+          const std::string theirs = text(store_->get(failed_key(rank)));
+          if (theirs.find(" failed: ") == std::string::npos) culprit = theirs;
+        }
+        if (!culprit.empty()) {
+          message = fmt::format("{}; because {}", cause, culprit);
+        } else if (!silent.empty()) {
+          message = fmt::format("{}; rank {} said nothing (it died, hangs or never arrived)",
+                                cause, fmt::join(silent, ", "));
+        }
+      }
+      store_->set(abort_key(), bytes(message));
+    } catch (const std::exception&) {
+      // The store is gone with its server: the peers' watchdogs see that for themselves.
+      message += fmt::format("; the rendezvous store at {}:{} no longer answers ({} served it)",
+                             rendezvous_.master_addr, rendezvous_.master_port,
+                             rendezvous_.agent_store ? "torchrun's agent" : "rank 0");
+    }
+    stop_watchdog();
+    // A rank serving the store keeps it up a moment so the peers' watchdogs read why.
+    if (serves_store_) std::this_thread::sleep_for(watchdog_period() * 3);
+    return message;
+  }
+
+  void finish() override {
+    if (!rendezvous_.file_store.empty()) return;
+    leaving_ = true;
+    try {
+      store_->set(done_key(rendezvous_.rank), bytes("done"));
+      if (serves_store_) {
+        std::vector<std::string> keys;
+        for (int rank = 0; rank < rendezvous_.world_size; ++rank) keys.push_back(done_key(rank));
+        store_->wait(keys, options_.timeout);
+      }
+    } catch (const std::exception& error) {
+      stop_watchdog();
+      collective_failed(rendezvous_.rank, "waiting for every rank to finish", error);
+    }
+    stop_watchdog();
   }
 
   RankedRun run(const VariantSpec& variant, const scenarios::Scenario& scenario) override {
@@ -218,8 +340,7 @@ class ProcessGroupTransport final : public Transport {
       auto store = c10::make_intrusive<c10d::PrefixStore>(
           fmt::format("group-{}", fmt::join(ranks, "-")), store_);
       auto gloo_options = c10d::ProcessGroupGloo::Options::create(options_.timeout);
-      gloo_options->devices.push_back(c10d::ProcessGroupGloo::createDeviceForHostname(
-          rendezvous_.file_store.empty() ? rendezvous_.master_addr : "127.0.0.1"));
+      gloo_options->devices.push_back(gloo_device(rendezvous_));
       ProcessGroupBackend backend;
       backend.group = c10::make_intrusive<c10d::ProcessGroupGloo>(
           store, index, static_cast<int>(ranks.size()), gloo_options);
@@ -233,8 +354,70 @@ class ProcessGroupTransport final : public Transport {
     }
   }
 
+  static std::string failed_key(int rank) { return fmt::format("gradnorm/failed/{}", rank); }
+  static std::string done_key(int rank) { return fmt::format("gradnorm/done/{}", rank); }
+  static std::string abort_key() { return "gradnorm/abort"; }
+  static std::vector<std::uint8_t> bytes(const std::string& text) { return {text.begin(), text.end()}; }
+  static std::string text(const std::vector<std::uint8_t>& bytes) { return {bytes.begin(), bytes.end()}; }
+  static std::chrono::milliseconds watchdog_period() { return std::chrono::milliseconds(200); }
+
+  // A thread on a store connection of its own (a TCPStore client is not shared between
+  // threads) that ends this process when a peer gave up on the run, or when the store went
+  // away: so a rank stuck in its step, or in a collective a dead peer will never join, ends
+  // within the timeout of the rank that noticed, and its launcher sees a non-zero exit.
+  void start_watchdog() {
+    c10::intrusive_ptr<c10d::Store> store;
+    try {
+      c10d::TCPStoreOptions tcp;
+      tcp.port = static_cast<std::uint16_t>(rendezvous_.master_port);
+      tcp.isServer = false;
+      tcp.waitWorkers = false;  // no numWorkers: this connection is not counted as a rank
+      tcp.timeout = options_.timeout;
+      store = c10::make_intrusive<c10d::TCPStore>(rendezvous_.master_addr, tcp);
+      if (rendezvous_.agent_store) {
+        store = c10::make_intrusive<c10d::PrefixStore>(
+            fmt::format("/worker/attempt_{}", rendezvous_.restart_count), store);
+      }
+    } catch (const c10::Error& error) {
+      throw CommunicationError(fmt::format("rank {}: rendezvous failed: {}", rendezvous_.rank,
+                                           first_line(error.what_without_backtrace())));
+    }
+    const std::string server = rendezvous_.agent_store ? "torchrun's agent" : "rank 0";
+    watchdog_ = std::thread([this, store, server] {
+      while (!stop_) {
+        std::this_thread::sleep_for(watchdog_period());
+        if (stop_ || leaving_) continue;
+        std::string why;
+        try {
+          if (!store->check({abort_key()})) continue;
+          why = text(store->get(abort_key()));
+        } catch (const std::exception& error) {
+          if (stop_ || leaving_) continue;
+          const auto* torch_error = dynamic_cast<const c10::Error*>(&error);
+          why = fmt::format(
+              "rank {} lost the rendezvous store at {}:{} ({} serves it, and has gone): {}",
+              rendezvous_.rank, rendezvous_.master_addr, rendezvous_.master_port, server,
+              first_line(torch_error ? torch_error->what_without_backtrace() : error.what()));
+        }
+        if (stop_ || leaving_) continue;
+        std::fprintf(stderr, "gradnorm: run aborted: %s\n", why.c_str());
+        std::fflush(stderr);
+        std::_Exit(3);  // as a rank that failed itself: the launcher must see the failure
+      }
+    });
+  }
+
+  void stop_watchdog() {
+    stop_ = true;
+    if (watchdog_.joinable() && watchdog_.get_id() != std::this_thread::get_id()) watchdog_.join();
+  }
+
   std::map<std::vector<int>, ProcessGroupBackend> subgroups_;
   Rendezvous rendezvous_;
+  bool serves_store_ = false;
+  std::atomic<bool> stop_{false};
+  std::atomic<bool> leaving_{false};  // this rank aborts or finishes: the watchdog stands down
+  std::thread watchdog_;
   RunOptions options_;
   c10::intrusive_ptr<c10d::Store> store_;
   ProcessGroupBackend backend_;
@@ -244,15 +427,44 @@ class ProcessGroupTransport final : public Transport {
 }  // namespace
 
 Rendezvous rendezvous_from_environment() {
+  if (!optional_env("RANK") && optional_env("SLURM_PROCID")) return rendezvous_from_slurm();
   Rendezvous r;
   r.world_size = integer_env("WORLD_SIZE", 1, 4096);
   r.rank = integer_env("RANK", 0, r.world_size - 1);
+  r.local_world_size = optional_integer_env("LOCAL_WORLD_SIZE", 1, r.world_size);
+  r.local_rank = optional_integer_env("LOCAL_RANK", 0,
+                                      r.local_world_size > 0 ? r.local_world_size - 1 : r.world_size - 1);
+  r.group_rank = optional_integer_env("GROUP_RANK", 0, r.world_size - 1);
+  // torchrun sets these for every worker; a plain environment sets none of them.
+  const auto use_agent_store = optional_env("TORCHELASTIC_USE_AGENT_STORE");
+  if (use_agent_store) {
+    if (*use_agent_store != "True" && *use_agent_store != "False") {
+      throw scenarios::InvalidInput(fmt::format(
+          "environment variable TORCHELASTIC_USE_AGENT_STORE='{}': expected True or False (as "
+          "torchrun sets it)", *use_agent_store));
+    }
+    r.agent_store = *use_agent_store == "True";
+  }
+  if (const auto run_id = optional_env("TORCHELASTIC_RUN_ID")) r.run_id = *run_id;
+  if (r.agent_store) {
+    r.restart_count = integer_env("TORCHELASTIC_RESTART_COUNT", 0, 1'000'000);
+  } else {
+    r.restart_count = optional_integer_env("TORCHELASTIC_RESTART_COUNT", 0, 1'000'000, 0);
+  }
+  if (use_agent_store || !r.run_id.empty() || optional_env("TORCHELASTIC_RESTART_COUNT")) {
+    r.launcher = "torchrun";
+  }
   const char* store = std::getenv("GRADNORM_STORE");
   if (store != nullptr && *store != '\0') {
     const std::string text = store;
     if (text.rfind("file:", 0) != 0 || text.size() <= 5) {
       throw scenarios::InvalidInput(fmt::format(
           "GRADNORM_STORE='{}': expected file:PATH (a FileStore path every rank can reach)", text));
+    }
+    if (r.agent_store) {
+      throw scenarios::InvalidInput(
+          "GRADNORM_STORE and TORCHELASTIC_USE_AGENT_STORE=True name two different stores: "
+          "unset GRADNORM_STORE under torchrun");
     }
     r.file_store = text.substr(5);
     return r;
@@ -262,16 +474,86 @@ Rendezvous rendezvous_from_environment() {
   return r;
 }
 
+std::string first_slurm_host(const std::string& hostlist) {
+  // The first entry ends at the first comma outside brackets; each bracket group in it
+  // stands for its first member (the text before its first ',' or '-').
+  std::string out;
+  bool in_bracket = false;
+  bool taking = true;  // inside a bracket: still copying its first member
+  for (const char c : hostlist) {
+    if (!in_bracket && c == ',') break;
+    if (c == '[') {
+      if (in_bracket) break;
+      in_bracket = true;
+      taking = true;
+      continue;
+    }
+    if (c == ']') {
+      if (!in_bracket) throw scenarios::InvalidInput(fmt::format("Slurm hostlist '{}': unmatched ']'", hostlist));
+      in_bracket = false;
+      continue;
+    }
+    if (in_bracket) {
+      if (c == ',' || c == '-') taking = false;
+      if (taking) out += c;
+      continue;
+    }
+    out += c;
+  }
+  const bool spaces = out.find_first_of(" \t\n") != std::string::npos;
+  if (in_bracket || out.empty() || spaces) {
+    throw scenarios::InvalidInput(fmt::format(
+        "Slurm hostlist '{}': expected host names such as node[01-04],gpu7", hostlist));
+  }
+  return out;
+}
+
+Rendezvous rendezvous_from_slurm() {
+  Rendezvous r;
+  r.launcher = "slurm";
+  r.world_size = integer_env("SLURM_NTASKS", 1, 4096);
+  r.rank = integer_env("SLURM_PROCID", 0, r.world_size - 1);
+  r.local_rank = optional_integer_env("SLURM_LOCALID", 0, r.world_size - 1);
+  r.group_rank = optional_integer_env("SLURM_NODEID", 0, r.world_size - 1);
+  if (const auto addr = optional_env("MASTER_ADDR")) {
+    r.master_addr = *addr;
+  } else {
+    // Task 0 runs on the step's first node (Slurm's default block distribution).
+    const auto step_nodes = optional_env("SLURM_STEP_NODELIST");
+    r.master_addr = first_slurm_host(step_nodes ? *step_nodes : required_env("SLURM_JOB_NODELIST"));
+  }
+  if (optional_env("MASTER_PORT")) {
+    r.master_port = integer_env("MASTER_PORT", 1, 65535);
+  } else {
+    // One port per job, the same on every task without talking: two jobs sharing a node
+    // collide only when their ids agree modulo 10000 (set MASTER_PORT then, or for steps of
+    // one job that run at the same time).
+    const int job = integer_env("SLURM_JOB_ID", 0, 2'147'483'647);
+    r.master_port = kSlurmBasePort + job % 10000;
+  }
+  return r;
+}
+
+std::string describe_process_group(const Rendezvous& rendezvous, const std::string& backend) {
+  std::string out = fmt::format("{} processes x {}", backend, rendezvous.world_size);
+  if (rendezvous.launcher == "torchrun") {
+    out += fmt::format(" under torchrun ({}", rendezvous.agent_store ? "agent store" : "rank 0's store");
+    if (rendezvous.restart_count > 0) out += fmt::format(", restart {}", rendezvous.restart_count);
+    out += ")";
+  } else if (rendezvous.launcher == "slurm") {
+    out += " under slurm";
+  }
+  return out;
+}
+
 std::unique_ptr<Transport> make_process_group_transport(const Rendezvous& rendezvous,
                                                         RunOptions options,
                                                         const std::string& backend) {
   if (backend != "gloo" && backend != "nccl") {
     throw scenarios::InvalidInput(fmt::format("unknown backend '{}': expected gloo or nccl", backend));
   }
-  if (backend == "nccl" && !nccl_compiled_in()) {
-    throw scenarios::InvalidInput(
-        "this gradnorm was built without NCCL: configure with -DGRADNORM_WITH_NCCL=ON against a "
-        "CUDA-enabled LibTorch (see the README)");
+  if (backend == "nccl") {
+    if (const auto why = nccl_unavailable_reason(0)) throw scenarios::InvalidInput(*why);
   }
   return std::make_unique<ProcessGroupTransport>(rendezvous, std::move(options), backend);
 }

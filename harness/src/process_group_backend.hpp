@@ -1,12 +1,13 @@
 #pragma once
 // Internal: the c10d process group a rank process reduces through, and where its tensors
-// must live for it (CPU for Gloo, the rank's CUDA device for NCCL).
+// must live for it (CPU for Gloo and for raw NCCL, which stages them to its device itself).
 
 #include <ATen/ATen.h>
 #include <torch/csrc/distributed/c10d/ProcessGroup.hpp>
 #include <torch/csrc/distributed/c10d/Store.hpp>
 
 #include <chrono>
+#include <optional>
 #include <string>
 
 #include "gradnorm/harness/transport.hpp"
@@ -20,7 +21,15 @@ struct ProcessGroupBackend {
   bool widen_bfloat16 = false;  // Gloo in LibTorch 1.13 cannot reduce bfloat16
 };
 
-// A ProcessGroupNCCL on cuda:LOCAL_RANK (or cuda:RANK); only in a GRADNORM_WITH_NCCL build.
+// Why --backend nccl cannot run here on cuda:`local_device_index`, as a sentence naming what
+// is missing (the CUDA runtime or NCCL library, a driver, a GPU, that device); nullopt when
+// it can. Never throws; loads libcudart and libnccl on its first call.
+[[nodiscard]] std::optional<std::string> nccl_unavailable_reason(int local_device_index);
+
+// A process group over raw NCCL on cuda:L, L the rank's local rank (rendezvous.local_rank,
+// else the LOCAL_RANK variable, else rendezvous.rank), taking and returning CPU tensors. Throws scenarios::InvalidInput with
+// nccl_unavailable_reason's sentence when NCCL cannot run here, CommunicationError when the
+// communicator cannot form within `timeout`.
 ProcessGroupBackend make_nccl_backend(const c10::intrusive_ptr<c10d::Store>& store,
                                       const Rendezvous& rendezvous,
                                       std::chrono::milliseconds timeout);

@@ -19,6 +19,7 @@
 #include <cstdio>
 #include <fstream>
 #include <iostream>
+#include <optional>
 #include <set>
 #include <thread>
 #include <unordered_map>
@@ -51,6 +52,9 @@ using namespace gradnorm;
 constexpr int kExitAsExpected = 0;
 constexpr int kExitUnexpected = 1;
 constexpr int kExitUsage = 2;
+
+// This process's rank when it runs as one (--launcher env or slurm), for naming it when it fails.
+std::optional<int> g_process_rank;
 // A scenario may take up to this share of the machine's memory unless --memory-budget says
 // otherwise: the rest is the system's, and the estimate's margin.
 constexpr double kDefaultMemoryFraction = 0.5;
@@ -414,13 +418,28 @@ MemoryBudget memory_budget(const std::string& text) {
   return {value * scale, fmt::format("{} (--memory-budget {})", gib(value * scale), text)};
 }
 
+// --backend nccl on a machine where NCCL cannot run (no toolkit at build time, no driver,
+// no GPU) is an input error that says which, before any collective is tried.
+void check_nccl_usable(const harness::Rendezvous& rendezvous) {
+  if (!harness::nccl_compiled_in()) {
+    throw scenarios::InvalidInput(
+        "--backend nccl: this gradnorm was built without NCCL (CMake found no CUDA toolkit with "
+        "nccl.h, or GRADNORM_WITH_NCCL=OFF); see the README");
+  }
+  const int device = rendezvous.local_rank >= 0 ? rendezvous.local_rank : rendezvous.rank;
+  if (const auto why = harness::nccl_unavailable_reason(device)) {
+    throw scenarios::InvalidInput(*why);  // the sentence names --backend nccl itself
+  }
+}
+
 // Input errors a rank would only meet once running, found before any rank starts.
 void check_before_running(const std::vector<scenarios::Scenario>& scenario_list,
                           const harness::RunOptions& run_options, const RunOptions& options,
                           int* workers) {
   const harness::FaultInjection& fault = run_options.fault;
   for (const scenarios::Scenario& s : scenario_list) {
-    if (fault.rank >= 0 && options.launcher == "threads" && fault.rank >= s.world_size) {
+    // (Processes checked --nproc already; a rank process's scenarios have its world size.)
+    if (fault.rank >= 0 && options.launcher != "processes" && fault.rank >= s.world_size) {
       throw scenarios::InvalidInput(fmt::format(
           "--inject-fault {}: scenario '{}' has {} ranks (0..{}), so rank {} would never fail",
           options.fault, s.name, s.world_size, s.world_size - 1, fault.rank));
@@ -445,6 +464,7 @@ void check_before_running(const std::vector<scenarios::Scenario>& scenario_list,
   // Memory: ranks as threads hold every rank in this process; a rank process holds one, and
   // the supervisor's W processes share this machine.
   const MemoryBudget budget = memory_budget(options.memory_budget);
+  const bool one_rank = options.launcher == "env" || options.launcher == "slurm";
   double largest = 0;
   for (const scenarios::Scenario& s : scenario_list) {
     const int processes = options.launcher == "processes" ? s.world_size : 1;
@@ -455,8 +475,8 @@ void check_before_running(const std::vector<scenarios::Scenario>& scenario_list,
           "scenario '{}' needs about {} by gradnorm's estimate ({:.3g} parameter elements per "
           "rank, {} rank{} here, {} x {} x {} logits a micro-batch), more than the memory budget "
           "of {}; make it smaller or raise --memory-budget",
-          s.name, gib(need), scenarios::parameter_elements(s), options.launcher == "env" ? 1 : s.world_size,
-          s.world_size == 1 || options.launcher == "env" ? "" : "s", s.micro_batch_size,
+          s.name, gib(need), scenarios::parameter_elements(s), one_rank ? 1 : s.world_size,
+          s.world_size == 1 || one_rank ? "" : "s", s.micro_batch_size,
           s.sequence_length, s.vocab_size, budget.says));
     }
     largest = std::max(largest, need);
@@ -500,10 +520,10 @@ int run_command(const RunOptions& options, int argc, char** argv) {
     // Fail here, not in W children.
     check_before_running(with_world_size(scenario_list, options.processes), run_options, options,
                          nullptr);
-    if (options.backend == "nccl" && !harness::nccl_compiled_in()) {
-      throw scenarios::InvalidInput(
-          "--backend nccl: this gradnorm was built without NCCL; configure with "
-          "-DGRADNORM_WITH_NCCL=ON against a CUDA-enabled LibTorch (see the README)");
+    if (options.backend == "nccl") {
+      harness::Rendezvous last;  // rank r of the supervisor's W reduces on cuda:r
+      last.rank = options.processes - 1;
+      check_nccl_usable(last);
     }
     return tools::supervise(tools::SupervisorOptions{
         .processes = options.processes,
@@ -518,21 +538,40 @@ int run_command(const RunOptions& options, int argc, char** argv) {
       // every collective, and another scenario's ranks fill those waits (docs/design.md §8).
       .workers = workers};
   std::unique_ptr<harness::Transport> transport;
-  if (options.launcher == "env") {
-    const harness::Rendezvous rendezvous = harness::rendezvous_from_environment();
+  if (options.launcher == "env" || options.launcher == "slurm") {
+    const harness::Rendezvous rendezvous = options.launcher == "slurm"
+                                               ? harness::rendezvous_from_slurm()
+                                               : harness::rendezvous_from_environment();
+    g_process_rank = rendezvous.rank;
     scenario_list = with_world_size(scenario_list, rendezvous.world_size);
     check_before_running(scenario_list, run_options, options, &evaluate_options.workers);
+    if (options.backend == "nccl") check_nccl_usable(rendezvous);
     harness::DeterminismGuard guard;
     transport = harness::make_process_group_transport(rendezvous, run_options, options.backend);
     evaluate_options.transport = transport.get();
-    const oracles::Evaluation evaluation =
-        oracles::evaluate(scenario_list, variant_list, evaluate_options);
+    const oracles::Evaluation evaluation = [&] {
+      try {
+        return oracles::evaluate(scenario_list, variant_list, evaluate_options);
+      } catch (const harness::RankExit&) {
+        throw;  // an injected exit vanishes without a word, as a crashed rank would
+      } catch (const scenarios::InvalidInput& error) {
+        transport->abort(fmt::format("rank {}: {}", rendezvous.rank, error.what()));
+        throw;
+      } catch (const harness::CommunicationError& error) {
+        throw harness::CommunicationError(transport->abort(harness::first_line(error.what())));
+      } catch (const std::exception& error) {
+        throw harness::CommunicationError(transport->abort(
+            fmt::format("rank {} threw: {}", rendezvous.rank, harness::first_line(error.what()))));
+      }
+    }();
+    // Every rank has every observation: a rank serving the store may now let it go.
+    transport->finish();
     if (rendezvous.rank != 0) {  // rank 0 reports for everyone
       tools::write_rank_done(rendezvous.rank);
       return kExitAsExpected;
     }
     harness::RunSettings settings = guard.settings();
-    settings.transport = fmt::format("{} processes x {}", options.backend, rendezvous.world_size);
+    settings.transport = harness::describe_process_group(rendezvous, options.backend);
     const int code = report(evaluation, options, settings);
     if (code == kExitAsExpected || code == kExitUnexpected) tools::write_rank_done(0);
     return code;
@@ -701,11 +740,14 @@ int run_command_line(int argc, char** argv) {
   run->add_option("--launcher", run_options.launcher,
                   "threads (default): ranks as threads; processes: --nproc W processes over "
                   "c10d Gloo started here; env: this process is one rank, from RANK, "
-                  "WORLD_SIZE and MASTER_ADDR/MASTER_PORT (torchrun style) or GRADNORM_STORE")
-      ->check(CLI::IsMember({"threads", "processes", "env"}));
+                  "WORLD_SIZE and MASTER_ADDR/MASTER_PORT (torchrun, its agent's store too) "
+                  "or GRADNORM_STORE, or Slurm's variables without RANK; slurm: one rank of "
+                  "srun, from SLURM_PROCID, SLURM_NTASKS and SLURM_JOB_NODELIST")
+      ->check(CLI::IsMember({"threads", "processes", "env", "slurm"}));
   run->add_option("--backend", run_options.backend,
-                  "c10d backend of rank processes: gloo (default) or nccl (a build with "
-                  "GRADNORM_WITH_NCCL against a CUDA LibTorch)")
+                  "c10d backend of rank processes: gloo (default) or nccl (raw NCCL on "
+                  "cuda:LOCAL_RANK; needs a CUDA GPU and driver at run time, and a build that "
+                  "found the CUDA toolkit's nccl.h)")
       ->check(CLI::IsMember({"gloo", "nccl"}));
   run->add_option("--nproc", run_options.processes,
                   "ranks as W processes over c10d Gloo (implies --launcher processes); runs the "
@@ -925,8 +967,9 @@ int run_command_line(int argc, char** argv) {
     std::_Exit(4);  // an injected exit: vanish without a word, as a crashed rank would
   } catch (const std::exception& error) {
     // A rank process that failed outside the recipe: leave the cause for the supervisor.
-    const char* rank = std::getenv("RANK");
-    // Without RANK this is the one process of a thread run: no rank to name.
+    // Without a rank this is the one process of a thread run: no rank to name.
+    const std::string rank_text = g_process_rank ? std::to_string(*g_process_rank) : "";
+    const char* rank = g_process_rank ? rank_text.c_str() : std::getenv("RANK");
     const std::string cause =
         dynamic_cast<const harness::CommunicationError*>(&error) || rank == nullptr
             ? harness::first_line(error.what())

@@ -87,8 +87,10 @@ int supervise(const SupervisorOptions& options) {
   for (char** entry = environ; *entry != nullptr; ++entry) {
     const std::string text = *entry;
     const std::string key = text.substr(0, text.find('='));
+    // What another launcher (torchrun, Slurm) told this process is not the ranks' to read.
     if (key == "RANK" || key == "WORLD_SIZE" || key == "LOCAL_RANK" || key == "MASTER_ADDR" ||
-        key == "MASTER_PORT" || key == "GRADNORM_STORE" || key == "GRADNORM_STATUS_DIR") {
+        key == "MASTER_PORT" || key == "GRADNORM_STORE" || key == "GRADNORM_STATUS_DIR" ||
+        key == "LOCAL_WORLD_SIZE" || key == "GROUP_RANK" || key.rfind("TORCHELASTIC_", 0) == 0) {
       continue;
     }
     base_env.push_back(text);

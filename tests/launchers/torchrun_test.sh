@@ -1,0 +1,111 @@
+#!/usr/bin/env bash
+# gradnorm's ranks under torchrun: under a launcher that serves the store as torchrun's agent
+# does (torchrun_agent.py), and under Debian's own torchrun, the distributed catalogue gives
+# the same observation digests as gradnorm's own supervisor (the Gloo-process transport);
+# a restart's keys are its own; and a rank that dies or hangs ends every rank, each naming
+# it, with a non-zero exit that the launcher sees.
+# Usage: torchrun_test.sh GRADNORM SOURCE_DIR WORK_DIR
+set -euo pipefail
+gradnorm=$(realpath "$1") source=$(realpath "$2") work=$(realpath -m "$3")
+agent="$source/tests/launchers/torchrun_agent.py"
+rm -rf "$work"
+mkdir -p "$work"
+cd "$work"
+source "$source/tests/launchers/common.sh"
+free_port() { /usr/bin/python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1",0)); print(s.getsockname()[1])'; }
+
+for world in 2 4; do
+  # The reference: gradnorm's own supervisor, ranks over a FileStore.
+  "$gradnorm" run --nproc "$world" -s 'dist/*' -q --digests "ref$world.tsv" > "ref$world.out"
+  # Rank 0 reports for everyone; every rank is a client of the agent's store.
+  /usr/bin/python3 "$agent" --nproc "$world" -- \
+    "$gradnorm" run --launcher env -s 'dist/*' -q --digests "agent$world.tsv" --json "agent$world.json" \
+    > "agent$world.out" 2> "agent$world.err" || fail "agent, $world ranks: $(tail -5 "agent$world.err")"
+  same_digests "ref$world.tsv" "agent$world.tsv" "torchrun agent's store, $world ranks"
+  grep -q '"transport": "gloo processes x '"$world"' under torchrun (agent store)"' "agent$world.json" ||
+    fail "the report's settings do not name torchrun's agent store: $(grep transport "agent$world.json")"
+done
+
+# A restart: keys an earlier attempt left (garbage observations, an abort) are not this one's.
+/usr/bin/python3 "$agent" --nproc 2 --restart-count 1 --stale -- \
+  "$gradnorm" run --launcher env -s 'dist/*' -q --digests restart.tsv --json restart.json \
+  > restart.out 2> restart.err || fail "restart 1: $(tail -5 restart.err)"
+same_digests ref2.tsv restart.tsv "torchrun agent's store, restart 1 over stale keys"
+grep -q '"transport": "gloo processes x 2 under torchrun (agent store, restart 1)"' restart.json ||
+  fail "the restart count is not in the report's settings: $(grep transport restart.json)"
+
+# Debian's own torchrun (PyTorch 1.13 on Python 3.11). Its default --redirects/--tee of "0"
+# crash before any worker starts (Std.from_str finds no flag of value 0 on Python 3.11); a
+# mapping for a local rank that does not exist ("9:0") means the same "no redirect".
+port=$(free_port)
+/usr/bin/python3 -m torch.distributed.run --nnodes 1 --nproc_per_node 2 --master_addr 127.0.0.1 \
+  --master_port "$port" --redirects 9:0 --tee 9:0 --no_python \
+  "$gradnorm" run --launcher env -s 'dist/*' -q --digests torchrun.tsv --json torchrun.json \
+  > torchrun.out 2> torchrun.err || fail "torchrun: $(tail -5 torchrun.err)"
+same_digests ref2.tsv torchrun.tsv "Debian's torchrun, 2 ranks"
+grep -q '"transport": "gloo processes x 2 under torchrun (agent store)"' torchrun.json ||
+  fail "torchrun's report settings: $(grep transport torchrun.json)"
+
+# Faults: the launcher must see a non-zero exit, every rank must end on its own (the agent
+# never stops a worker; its 120 s safety net failing the test means a rank waited forever),
+# and the survivors must name the rank at fault.
+fault_case() {  # NAME FAULT EXPECTED_TEXT...
+  local name=$1 fault=$2; shift 2
+  local status=0
+  /usr/bin/python3 "$agent" --nproc 2 --max-seconds 120 -- \
+    "$gradnorm" run --launcher env -s dist/5-3/float32 -v baseline --timeout 5 -q \
+    --inject-fault "$fault" > "$name.out" 2> "$name.err" || status=$?
+  [ "$status" -ne 0 ] || fail "$name: the launcher saw exit 0"
+  ! grep -q 'still running after' "$name.err" || fail "$name: a rank never ended: $(cat "$name.err")"
+  [ "$(grep -c 'agent: worker [0-9] exited with [1-9]' "$name.err")" -eq 2 ] ||
+    fail "$name: not every rank exited non-zero: $(grep 'agent:' "$name.err")"
+  for text in "$@"; do
+    grep -qF -- "$text" "$name.err" || fail "$name: no '$text' in: $(cat "$name.err")"
+  done
+  echo "ok: $name: $(grep -c 'agent: worker' "$name.err") ranks ended non-zero; $(grep -m1 'run aborted\|said nothing' "$name.err" | cut -c1-160)"
+}
+fault_case rank1-hangs 1:hang "rank 1 said nothing" "gradnorm: run aborted: rank 0"
+fault_case rank0-hangs 0:hang "rank 0 said nothing"
+fault_case rank1-dies 1:exit "rank 1 said nothing"
+fault_case rank0-dies 0:exit "rank 0 said nothing"
+fault_case rank1-throws 1:throw "rank 1 threw: injected fault"
+
+# Without the agent, rank 0 serves the store: when it dies, rank 1 must not wait for it.
+port=$(free_port)
+status0=0 status1=0
+env RANK=0 WORLD_SIZE=2 MASTER_ADDR=127.0.0.1 MASTER_PORT="$port" \
+  "$gradnorm" run --launcher env -s dist/5-3/float32 -v baseline --timeout 5 -q --inject-fault 0:exit \
+  > plain0.out 2> plain0.err & pid0=$!
+env RANK=1 WORLD_SIZE=2 MASTER_ADDR=127.0.0.1 MASTER_PORT="$port" timeout 120 \
+  "$gradnorm" run --launcher env -s dist/5-3/float32 -v baseline --timeout 5 -q --inject-fault 0:exit \
+  > plain1.out 2> plain1.err || status1=$?
+wait "$pid0" || status0=$?
+[ "$status0" -ne 0 ] && [ "$status1" -ne 0 ] || fail "rank 0 died: exits $status0 and $status1"
+[ "$status1" -ne 124 ] || fail "rank 1 waited for the dead rank 0 until killed"
+grep -q 'rank 0' plain1.err || fail "rank 1 does not name rank 0: $(cat plain1.err)"
+echo "ok: rank 0 (the store's server) died: rank 1 exited $status1: $(head -c 200 plain1.err)"
+
+# A store that never answers: no rank waits forever for it.
+port=$(free_port)
+status=0
+env RANK=1 WORLD_SIZE=2 LOCAL_RANK=1 MASTER_ADDR=127.0.0.1 MASTER_PORT="$port" \
+  TORCHELASTIC_USE_AGENT_STORE=True TORCHELASTIC_RESTART_COUNT=0 timeout 120 \
+  "$gradnorm" run --launcher env -s dist/5-3/float32 -v baseline --timeout 3 -q \
+  > nostore.out 2> nostore.err || status=$?
+[ "$status" -eq 3 ] || fail "no store: exit $status, not 3: $(cat nostore.err)"
+grep -q "rendezvous failed" nostore.err || fail "no store: $(cat nostore.err)"
+echo "ok: no store: exit 3: $(head -c 200 nostore.err)"
+
+# torchrun's variables are checked like the others.
+status=0
+env RANK=0 WORLD_SIZE=2 MASTER_ADDR=127.0.0.1 MASTER_PORT=1 TORCHELASTIC_USE_AGENT_STORE=yes \
+  "$gradnorm" run --launcher env -s dist/5-3/float32 -q > bad.out 2> bad.err || status=$?
+[ "$status" -eq 2 ] && grep -q 'TORCHELASTIC_USE_AGENT_STORE' bad.err ||
+  fail "a malformed TORCHELASTIC_USE_AGENT_STORE: exit $status: $(cat bad.err)"
+status=0
+env RANK=0 WORLD_SIZE=2 MASTER_ADDR=127.0.0.1 MASTER_PORT=1 TORCHELASTIC_USE_AGENT_STORE=True \
+  "$gradnorm" run --launcher env -s dist/5-3/float32 -q > bad.out 2> bad.err || status=$?
+[ "$status" -eq 2 ] && grep -q 'TORCHELASTIC_RESTART_COUNT' bad.err ||
+  fail "the agent store without TORCHELASTIC_RESTART_COUNT: exit $status: $(cat bad.err)"
+echo "ok: malformed torchrun variables are input errors (exit 2)"
+echo "PASS"
