@@ -2,6 +2,7 @@
 // threads, faults that fail the run promptly (exit 3) without leaving a process or a
 // rendezvous folder behind, torchrun-style "--launcher env" ranks, and the input errors.
 #include "support/files.hpp"
+#include "gradnorm/harness/transport.hpp"
 #include <gtest/gtest.h>
 #include <nlohmann/json.hpp>
 
@@ -588,6 +589,20 @@ TEST(ProcessInputErrors, NprocMatchingNoSelectedScenario) {
 
 TEST(ProcessInputErrors, UnknownLauncher) {
   expect_usage_error({"run", "--launcher", "bogus", "-s", "dist/5-3/float32"}, "bogus");
+}
+
+// Where NCCL cannot run (no GPU, no driver, no toolkit at build time), --backend nccl is an
+// input error saying why, under the supervisor and as a rank of another launcher alike.
+TEST(ProcessInputErrors, NcclWithoutAUsableGpuSaysWhyBeforeAnyRankStarts) {
+  const auto why = harness::nccl_unavailable_reason(1);
+  if (!why) GTEST_SKIP() << "NCCL can run here (a GPU for ranks 0 and 1): nothing to refuse";
+  expect_usage_error({"run", "--nproc", "2", "--backend", "nccl", "-s", "dist/5-3/float32"}, *why);
+  const std::vector<std::string> args = {"run", "--launcher", "env", "--backend", "nccl", "-s",
+                                         "dist/5-3/float32", "-v", "baseline"};
+  const EnvironmentChanges env = torchrun_environment(0, 2, free_tcp_port());
+  const ProcessResult r = run_cli(args, env);
+  EXPECT_EQ(r.exit_code, kExitUsage) << describe(args, env, r);
+  EXPECT_TRUE(contains(r.err, "--backend nccl")) << describe(args, env, r);
 }
 
 
