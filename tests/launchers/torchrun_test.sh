@@ -46,6 +46,16 @@ same_digests ref2.tsv torchrun.tsv "Debian's torchrun, 2 ranks"
 grep -q '"transport": "gloo processes x 2 under torchrun (agent store)"' torchrun.json ||
   fail "torchrun's report settings: $(grep transport torchrun.json)"
 
+# torchrun --standalone: its c10d rendezvous keeps the agent's store to itself, so the workers
+# see TORCHELASTIC_USE_AGENT_STORE=False and rank 0 serves their store.
+/usr/bin/python3 -m torch.distributed.run --standalone --nproc_per_node 2 \
+  --redirects 9:0 --tee 9:0 --no_python \
+  "$gradnorm" run --launcher env -s 'dist/*' -q --digests standalone.tsv --json standalone.json \
+  > standalone.out 2> standalone.err || fail "torchrun --standalone: $(tail -5 standalone.err)"
+same_digests ref2.tsv standalone.tsv "Debian's torchrun --standalone, 2 ranks"
+grep -q '"transport": "gloo processes x 2 under torchrun (rank 0'"'"'s store)"' standalone.json ||
+  fail "torchrun --standalone's report settings: $(grep transport standalone.json)"
+
 # Faults: the launcher must see a non-zero exit, every rank must end on its own (the agent
 # never stops a worker; its 120 s safety net failing the test means a rank waited forever),
 # and the survivors must name the rank at fault.
