@@ -46,6 +46,18 @@ same_digests ref2.tsv torchrun.tsv "Debian's torchrun, 2 ranks"
 grep -q '"transport": "gloo processes x 2 under torchrun (agent store)"' torchrun.json ||
   fail "torchrun's report settings: $(grep transport torchrun.json)"
 
+# A real restart: rank 1's first attempt fails, torchrun's agent restarts the group, and the
+# second attempt's keys live under /worker/attempt_1 of the same store.
+port=$(free_port)
+/usr/bin/python3 -m torch.distributed.run --nnodes 1 --nproc_per_node 2 --master_addr 127.0.0.1 \
+  --master_port "$port" --max_restarts 1 --monitor_interval 1 --redirects 9:0 --tee 9:0 \
+  --no_python bash "$source/tests/launchers/fail_first_attempt.sh" \
+  "$gradnorm" run --launcher env -s 'dist/*' -q --digests restarted.tsv --json restarted.json \
+  > restarted.out 2> restarted.err || fail "torchrun --max_restarts 1: $(tail -5 restarted.err)"
+same_digests ref2.tsv restarted.tsv "Debian's torchrun after a restart, 2 ranks"
+grep -q '"transport": "gloo processes x 2 under torchrun (agent store, restart 1)"' restarted.json ||
+  fail "torchrun's restart is not in the report's settings: $(grep transport restarted.json)"
+
 # torchrun --standalone: its c10d rendezvous keeps the agent's store to itself, so the workers
 # see TORCHELASTIC_USE_AGENT_STORE=False and rank 0 serves their store.
 /usr/bin/python3 -m torch.distributed.run --standalone --nproc_per_node 2 \
@@ -72,7 +84,7 @@ fault_case() {  # NAME FAULT EXPECTED_TEXT...
   for text in "$@"; do
     grep -qF -- "$text" "$name.err" || fail "$name: no '$text' in: $(cat "$name.err")"
   done
-  echo "ok: $name: $(grep -c 'agent: worker' "$name.err") ranks ended non-zero; $(grep -m1 'run aborted\|said nothing' "$name.err" | cut -c1-160)"
+  echo "ok: $name: $(grep -c 'agent: worker' "$name.err") ranks ended non-zero; $(grep -m1 'run aborted\|said nothing\|threw' "$name.err" | cut -c1-160)"
 }
 fault_case rank1-hangs 1:hang "rank 1 said nothing" "gradnorm: run aborted: rank 0"
 fault_case rank0-hangs 0:hang "rank 0 said nothing"
