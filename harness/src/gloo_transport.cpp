@@ -200,9 +200,17 @@ class ProcessGroupTransport final : public Transport {
                             rendezvous.master_port,
                             rendezvous.agent_store ? "torchrun's agent" : "rank 0");
       }
-      throw CommunicationError(fmt::format(
-          "rank {}: rendezvous failed{}: {}", rendezvous.rank, where,
-          first_line(torch_error ? torch_error->what_without_backtrace() : error.what())));
+      const std::string said = first_line(torch_error ? torch_error->what_without_backtrace() : error.what());
+      const bool serving = rendezvous.file_store.empty() && rendezvous.rank == 0 && !rendezvous.agent_store;
+      std::string hint;
+      if (serving && said.find("bind") == std::string::npos) {
+        hint = fmt::format("; rank 0 serves the store and waited {} ms for the other {} rank{} to "
+                           "connect",
+                           options_.timeout.count(), rendezvous.world_size - 1,
+                           rendezvous.world_size == 2 ? "" : "s");
+      }
+      throw CommunicationError(
+          fmt::format("rank {}: rendezvous failed{}: {}{}", rendezvous.rank, where, said, hint));
     }
     FaultInjection& fault = options_.fault;
     fault.hang = [] {

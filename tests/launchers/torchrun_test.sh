@@ -118,6 +118,16 @@ env RANK=1 WORLD_SIZE=2 LOCAL_RANK=1 MASTER_ADDR=127.0.0.1 MASTER_PORT="$port" \
 grep -q "rendezvous failed" nostore.err || fail "no store: $(cat nostore.err)"
 echo "ok: no store: exit 3: $(head -c 200 nostore.err)"
 
+# Rank 0 serving a store that no other rank ever joins gives up after the timeout too.
+port=$(free_port)
+status=0
+env RANK=0 WORLD_SIZE=2 MASTER_ADDR=127.0.0.1 MASTER_PORT="$port" timeout 120 \
+  "$gradnorm" run --launcher env -s dist/5-3/float32 -v baseline --timeout 3 -q \
+  > alone.out 2> alone.err || status=$?
+[ "$status" -eq 3 ] || fail "rank 0 alone: exit $status, not 3: $(cat alone.err)"
+grep -q "waited 3000 ms for the other 1 rank to connect" alone.err || fail "rank 0 alone: $(cat alone.err)"
+echo "ok: rank 0 alone: exit 3: $(tail -c 200 alone.err)"
+
 # torchrun's variables are checked like the others.
 status=0
 env RANK=0 WORLD_SIZE=2 MASTER_ADDR=127.0.0.1 MASTER_PORT=1 TORCHELASTIC_USE_AGENT_STORE=yes \
