@@ -46,6 +46,21 @@ same_digests ref2.tsv torchrun.tsv "Debian's torchrun, 2 ranks"
 grep -q '"transport": "gloo processes x 2 under torchrun (agent store)"' torchrun.json ||
   fail "torchrun's report settings: $(grep transport torchrun.json)"
 
+# Two torchrun agents, as on two nodes (--nnodes 2, one worker each): node 1's agent and
+# worker are clients of node 0's agent store, and the worker there has GROUP_RANK 1.
+port=$(free_port)
+pids=()
+for node in 0 1; do
+  /usr/bin/python3 -m torch.distributed.run --nnodes 2 --node_rank "$node" --nproc_per_node 1 \
+    --master_addr 127.0.0.1 --master_port "$port" --redirects 9:0 --tee 9:0 --no_python \
+    "$gradnorm" run --launcher env -s 'dist/*' -q --digests "nodes$node.tsv" \
+    > "nodes$node.out" 2> "nodes$node.err" &
+  pids+=($!)
+done
+for node in 0 1; do wait "${pids[$node]}" || fail "torchrun --nnodes 2, node $node: $(tail -5 "nodes$node.err")"; done
+same_digests ref2.tsv nodes0.tsv "two torchrun agents (--nnodes 2), 2 ranks"
+[ ! -e nodes1.tsv ] && [ ! -s nodes1.out ] || fail "the worker on node 1 (rank 1) reported: $(cat nodes1.out)"
+
 # A real restart: rank 1's first attempt fails, torchrun's agent restarts the group, and the
 # second attempt's keys live under /worker/attempt_1 of the same store.
 port=$(free_port)
