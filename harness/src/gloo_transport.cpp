@@ -1,6 +1,6 @@
 // Ranks as processes over PyTorch's own c10d process groups (Gloo always; raw NCCL, loaded at
-// run time, where the build found the CUDA toolkit: see nccl_backend.cpp). No hand-written networking: collectives are c10d's, rendezvous is a
-// c10d FileStore or TCPStore.
+// run time, where the build found the CUDA toolkit: see nccl_backend.cpp). No hand-written
+// networking: collectives are c10d's, rendezvous is a c10d FileStore or TCPStore.
 #include <ATen/ATen.h>
 #include <torch/csrc/distributed/c10d/FileStore.hpp>
 #include <torch/csrc/distributed/c10d/PrefixStore.hpp>
@@ -9,8 +9,6 @@
 
 #include <fmt/format.h>
 #include <fmt/ranges.h>
-
-#include <unistd.h>
 
 #include <algorithm>
 #include <atomic>
@@ -81,12 +79,34 @@ std::shared_ptr<::gloo::transport::Device> gloo_device(const Rendezvous& rendezv
   return c10d::ProcessGroupGloo::createDefaultDevice();
 }
 
+// The first line of an error, without LibTorch's backtrace.
+std::string error_text(const std::exception& error) {
+  const auto* torch_error = dynamic_cast<const c10::Error*>(&error);
+  return first_line(torch_error ? torch_error->what_without_backtrace() : error.what());
+}
+
 // A CommunicationError that names this rank and the collective's LibTorch error.
 [[noreturn]] void collective_failed(int rank, const char* what, const std::exception& error) {
-  const auto* torch_error = dynamic_cast<const c10::Error*>(&error);
-  throw CommunicationError(fmt::format(
-      "rank {}: {} failed: {}", rank, what,
-      first_line(torch_error ? torch_error->what_without_backtrace() : error.what())));
+  throw CommunicationError(fmt::format("rank {}: {} failed: {}", rank, what, error_text(error)));
+}
+
+// Whether this rank serves the TCPStore: rank 0, unless torchrun's agent already does (then
+// serving it again fails to bind).
+bool serves_tcp_store(const Rendezvous& rendezvous) {
+  return rendezvous.file_store.empty() && rendezvous.rank == 0 && !rendezvous.agent_store;
+}
+
+std::string store_server(const Rendezvous& rendezvous) {
+  return rendezvous.agent_store ? "torchrun's agent" : "rank 0";
+}
+
+// As torch.distributed's own ranks do under torchrun's agent: each restart of the workers
+// gets a fresh key space, so keys an earlier attempt left cannot be read as this one's.
+c10::intrusive_ptr<c10d::Store> in_attempt(c10::intrusive_ptr<c10d::Store> store,
+                                           const Rendezvous& rendezvous) {
+  if (!rendezvous.agent_store) return store;
+  return c10::make_intrusive<c10d::PrefixStore>(
+      fmt::format("/worker/attempt_{}", rendezvous.restart_count), std::move(store));
 }
 
 // Makes (once) the process group of a subgroup of world ranks, for this process.
@@ -164,46 +184,31 @@ class ProcessGroupTransport final : public Transport {
       } else {
         c10d::TCPStoreOptions tcp;
         tcp.port = static_cast<std::uint16_t>(rendezvous.master_port);
-        // Under torchrun's agent the store is already served: serving it again fails to bind.
-        tcp.isServer = rendezvous.rank == 0 && !rendezvous.agent_store;
+        tcp.isServer = serves_tcp_store(rendezvous);
         tcp.numWorkers = rendezvous.world_size;
         tcp.waitWorkers = true;
         tcp.timeout = options_.timeout;
-        store_ = c10::make_intrusive<c10d::TCPStore>(rendezvous.master_addr, tcp);
-        serves_store_ = tcp.isServer;
-        // As torch.distributed's own ranks do: each restart of the agent's workers gets a
-        // fresh key space, so keys an earlier attempt left cannot be read as this one's.
-        if (rendezvous.agent_store) {
-          store_ = c10::make_intrusive<c10d::PrefixStore>(
-              fmt::format("/worker/attempt_{}", rendezvous.restart_count), store_);
-        }
+        store_ = in_attempt(c10::make_intrusive<c10d::TCPStore>(rendezvous.master_addr, tcp),
+                            rendezvous);
       }
       store_->setTimeout(options_.timeout);
       auto group_store = c10::make_intrusive<c10d::PrefixStore>("group", store_);
       if (backend == "nccl") {
         backend_ = make_nccl_backend(group_store, rendezvous, options_.timeout);
       } else {
-        auto gloo_options = c10d::ProcessGroupGloo::Options::create(options_.timeout);
-        gloo_options->devices.push_back(gloo_device(rendezvous));
-        backend_.group = c10::make_intrusive<c10d::ProcessGroupGloo>(
-            group_store, rendezvous.rank, rendezvous.world_size, gloo_options);
-        backend_.name = "gloo";
-        backend_.widen_bfloat16 = true;
+        backend_ = gloo_backend(group_store, rendezvous.rank, rendezvous.world_size);
       }
     } catch (const scenarios::InvalidInput&) {
       throw;
     } catch (const std::exception& error) {  // c10::Error, or a socket's own runtime_error
-      const auto* torch_error = dynamic_cast<const c10::Error*>(&error);
       std::string where;
       if (rendezvous.file_store.empty()) {
         where = fmt::format(" (the store at {}:{}, served by {})", rendezvous.master_addr,
-                            rendezvous.master_port,
-                            rendezvous.agent_store ? "torchrun's agent" : "rank 0");
+                            rendezvous.master_port, store_server(rendezvous));
       }
-      const std::string said = first_line(torch_error ? torch_error->what_without_backtrace() : error.what());
-      const bool serving = rendezvous.file_store.empty() && rendezvous.rank == 0 && !rendezvous.agent_store;
+      const std::string said = error_text(error);
       std::string hint;
-      if (serving && said.find("bind") == std::string::npos) {
+      if (serves_tcp_store(rendezvous) && said.find("bind") == std::string::npos) {
         hint = fmt::format("; rank 0 serves the store and waited {} ms for the other {} rank{} to "
                            "connect",
                            options_.timeout.count(), rendezvous.world_size - 1,
@@ -262,11 +267,11 @@ class ProcessGroupTransport final : public Transport {
       // The store is gone with its server: the peers' watchdogs see that for themselves.
       message += fmt::format("; the rendezvous store at {}:{} no longer answers ({} served it)",
                              rendezvous_.master_addr, rendezvous_.master_port,
-                             rendezvous_.agent_store ? "torchrun's agent" : "rank 0");
+                             store_server(rendezvous_));
     }
     stop_watchdog();
     // A rank serving the store keeps it up a moment so the peers' watchdogs read why.
-    if (serves_store_) std::this_thread::sleep_for(watchdog_period() * 3);
+    if (serves_tcp_store(rendezvous_)) std::this_thread::sleep_for(watchdog_period() * 3);
     return message;
   }
 
@@ -275,7 +280,7 @@ class ProcessGroupTransport final : public Transport {
     leaving_ = true;
     try {
       store_->set(done_key(rendezvous_.rank), bytes("done"));
-      if (serves_store_) {
+      if (serves_tcp_store(rendezvous_)) {
         std::vector<std::string> keys;
         for (int rank = 0; rank < rendezvous_.world_size; ++rank) keys.push_back(done_key(rank));
         store_->wait(keys, options_.timeout);
@@ -347,19 +352,25 @@ class ProcessGroupTransport final : public Transport {
     try {
       auto store = c10::make_intrusive<c10d::PrefixStore>(
           fmt::format("group-{}", fmt::join(ranks, "-")), store_);
-      auto gloo_options = c10d::ProcessGroupGloo::Options::create(options_.timeout);
-      gloo_options->devices.push_back(gloo_device(rendezvous_));
-      ProcessGroupBackend backend;
-      backend.group = c10::make_intrusive<c10d::ProcessGroupGloo>(
-          store, index, static_cast<int>(ranks.size()), gloo_options);
-      backend.name = "gloo";
-      backend.widen_bfloat16 = true;
-      return subgroups_.emplace(ranks, std::move(backend)).first->second;
+      return subgroups_.emplace(ranks, gloo_backend(store, index, static_cast<int>(ranks.size())))
+          .first->second;
     } catch (const c10::Error& error) {
       throw CommunicationError(fmt::format("rank {}: subgroup {} failed to form: {}",
                                            rendezvous_.rank, fmt::join(ranks, ", "),
                                            first_line(error.what_without_backtrace())));
     }
+  }
+
+  // A ProcessGroupGloo of `size` ranks on `store`, this process as `rank` of it.
+  ProcessGroupBackend gloo_backend(const c10::intrusive_ptr<c10d::Store>& store, int rank,
+                                   int size) const {
+    auto gloo_options = c10d::ProcessGroupGloo::Options::create(options_.timeout);
+    gloo_options->devices.push_back(gloo_device(rendezvous_));
+    ProcessGroupBackend backend;
+    backend.group = c10::make_intrusive<c10d::ProcessGroupGloo>(store, rank, size, gloo_options);
+    backend.name = "gloo";
+    backend.widen_bfloat16 = true;  // LibTorch 1.13's Gloo cannot reduce bfloat16
+    return backend;
   }
 
   static std::string failed_key(int rank) { return fmt::format("gradnorm/failed/{}", rank); }
@@ -381,16 +392,13 @@ class ProcessGroupTransport final : public Transport {
       tcp.isServer = false;
       tcp.waitWorkers = false;  // no numWorkers: this connection is not counted as a rank
       tcp.timeout = options_.timeout;
-      store = c10::make_intrusive<c10d::TCPStore>(rendezvous_.master_addr, tcp);
-      if (rendezvous_.agent_store) {
-        store = c10::make_intrusive<c10d::PrefixStore>(
-            fmt::format("/worker/attempt_{}", rendezvous_.restart_count), store);
-      }
-    } catch (const c10::Error& error) {
-      throw CommunicationError(fmt::format("rank {}: rendezvous failed: {}", rendezvous_.rank,
-                                           first_line(error.what_without_backtrace())));
+      store = in_attempt(c10::make_intrusive<c10d::TCPStore>(rendezvous_.master_addr, tcp),
+                         rendezvous_);
+    } catch (const std::exception& error) {
+      throw CommunicationError(
+          fmt::format("rank {}: rendezvous failed: {}", rendezvous_.rank, error_text(error)));
     }
-    const std::string server = rendezvous_.agent_store ? "torchrun's agent" : "rank 0";
+    const std::string server = store_server(rendezvous_);
     watchdog_ = std::thread([this, store, server] {
       while (!stop_) {
         std::this_thread::sleep_for(watchdog_period());
@@ -401,11 +409,10 @@ class ProcessGroupTransport final : public Transport {
           why = text(store->get(abort_key()));
         } catch (const std::exception& error) {
           if (stop_ || leaving_) continue;
-          const auto* torch_error = dynamic_cast<const c10::Error*>(&error);
           why = fmt::format(
               "rank {} lost the rendezvous store at {}:{} ({} serves it, and has gone): {}",
               rendezvous_.rank, rendezvous_.master_addr, rendezvous_.master_port, server,
-              first_line(torch_error ? torch_error->what_without_backtrace() : error.what()));
+              error_text(error));
         }
         if (stop_ || leaving_) continue;
         std::fprintf(stderr, "gradnorm: run aborted: %s\n", why.c_str());
@@ -422,7 +429,6 @@ class ProcessGroupTransport final : public Transport {
 
   std::map<std::vector<int>, ProcessGroupBackend> subgroups_;
   Rendezvous rendezvous_;
-  bool serves_store_ = false;
   std::atomic<bool> stop_{false};
   std::atomic<bool> leaving_{false};  // this rank aborts or finishes: the watchdog stands down
   std::thread watchdog_;
@@ -560,9 +566,7 @@ std::unique_ptr<Transport> make_process_group_transport(const Rendezvous& rendez
   if (backend != "gloo" && backend != "nccl") {
     throw scenarios::InvalidInput(fmt::format("unknown backend '{}': expected gloo or nccl", backend));
   }
-  if (backend == "nccl") {
-    if (const auto why = nccl_unavailable_reason(0)) throw scenarios::InvalidInput(*why);
-  }
+  // For nccl, make_nccl_backend refuses a machine where NCCL cannot run, for this rank's device.
   return std::make_unique<ProcessGroupTransport>(rendezvous, std::move(options), backend);
 }
 

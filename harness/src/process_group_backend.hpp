@@ -7,7 +7,6 @@
 #include <torch/csrc/distributed/c10d/Store.hpp>
 
 #include <chrono>
-#include <optional>
 #include <string>
 
 #include "gradnorm/harness/transport.hpp"
@@ -21,15 +20,11 @@ struct ProcessGroupBackend {
   bool widen_bfloat16 = false;  // Gloo in LibTorch 1.13 cannot reduce bfloat16
 };
 
-// Why --backend nccl cannot run here on cuda:`local_device_index`, as a sentence naming what
-// is missing (the CUDA runtime or NCCL library, a driver, a GPU, that device); nullopt when
-// it can. Never throws; loads libcudart and libnccl on its first call.
-[[nodiscard]] std::optional<std::string> nccl_unavailable_reason(int local_device_index);
-
 // A process group over raw NCCL on cuda:L, L the rank's local rank (rendezvous.local_rank,
-// else the LOCAL_RANK variable, else rendezvous.rank), taking and returning CPU tensors. Throws scenarios::InvalidInput with
-// nccl_unavailable_reason's sentence when NCCL cannot run here, CommunicationError when the
-// communicator cannot form within `timeout`.
+// else the LOCAL_RANK variable, else rendezvous.rank), taking and returning CPU tensors.
+// Throws scenarios::InvalidInput with nccl_unavailable_reason's sentence (transport.hpp)
+// when NCCL cannot run here, CommunicationError when the communicator cannot form within
+// `timeout`.
 ProcessGroupBackend make_nccl_backend(const c10::intrusive_ptr<c10d::Store>& store,
                                       const Rendezvous& rendezvous,
                                       std::chrono::milliseconds timeout);

@@ -30,22 +30,14 @@ export SLURM_CONF
 
 
 for world in 2 4; do
-  "$gradnorm" run --nproc "$world" -s 'dist/*' -q --digests "ref$world.tsv" > "ref$world.out"
+  supervisor_digests "$world"
   # srun waits for every task; only rank 0 prints and writes the reports.
-  timeout 600 srun -n "$world" --kill-on-bad-exit=1 \
-    "$gradnorm" run --launcher slurm -s 'dist/*' -q --digests "slurm$world.tsv" --json "slurm$world.json" \
-    > "slurm$world.out" 2> "slurm$world.err" || fail "srun -n $world: $(tail -5 "slurm$world.err")"
-  same_digests "ref$world.tsv" "slurm$world.tsv" "srun -n $world"
+  launched_digests "slurm$world" "$world" slurm "gloo processes x $world under slurm" \
+    "srun -n $world" timeout 600 srun -n "$world" --kill-on-bad-exit=1
   [ "$(grep -c 'rows:' "slurm$world.out")" -eq 1 ] || fail "srun -n $world: not exactly one summary line: $(cat "slurm$world.out")"
-  grep -q '"transport": "gloo processes x '"$world"' under slurm"' "slurm$world.json" ||
-    fail "the report's settings do not name Slurm: $(grep transport "slurm$world.json")"
-  # Detection: --launcher env without RANK reads Slurm's variables too.
-  if [ "$world" -eq 2 ]; then
-    timeout 600 srun -n 2 "$gradnorm" run --launcher env -s 'dist/*' -q --digests detected.tsv \
-      > detected.out 2> detected.err || fail "srun with --launcher env: $(tail -5 detected.err)"
-    same_digests ref2.tsv detected.tsv "srun -n 2, --launcher env detecting Slurm"
-  fi
 done
+# Detection: --launcher env without RANK reads Slurm's variables too.
+launched_digests detected 2 env "" "srun -n 2, --launcher env detecting Slurm" timeout 600 srun -n 2
 
 # Faults: without --kill-on-bad-exit srun leaves the other tasks running, so they must end on
 # their own; `timeout 120` failing the test means a task waited forever.

@@ -14,45 +14,34 @@ cd "$work"
 source "$source/tests/launchers/common.sh"
 free_port() { /usr/bin/python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1",0)); print(s.getsockname()[1])'; }
 
-for world in 2 4; do
-  # The reference: gradnorm's own supervisor, ranks over a FileStore.
-  "$gradnorm" run --nproc "$world" -s 'dist/*' -q --digests "ref$world.tsv" > "ref$world.out"
-  # Rank 0 reports for everyone; every rank is a client of the agent's store.
-  /usr/bin/python3 "$agent" --nproc "$world" -- \
-    "$gradnorm" run --launcher env -s 'dist/*' -q --digests "agent$world.tsv" --json "agent$world.json" \
-    > "agent$world.out" 2> "agent$world.err" || fail "agent, $world ranks: $(tail -5 "agent$world.err")"
-  same_digests "ref$world.tsv" "agent$world.tsv" "torchrun agent's store, $world ranks"
-  grep -q '"transport": "gloo processes x '"$world"' under torchrun (agent store)"' "agent$world.json" ||
-    fail "the report's settings do not name torchrun's agent store: $(grep transport "agent$world.json")"
-done
-
-# A restart: keys an earlier attempt left (garbage observations, an abort) are not this one's.
-/usr/bin/python3 "$agent" --nproc 2 --restart-count 1 --stale -- \
-  "$gradnorm" run --launcher env -s 'dist/*' -q --digests restart.tsv --json restart.json \
-  > restart.out 2> restart.err || fail "restart 1: $(tail -5 restart.err)"
-same_digests ref2.tsv restart.tsv "torchrun agent's store, restart 1 over stale keys"
-grep -q '"transport": "gloo processes x 2 under torchrun (agent store, restart 1)"' restart.json ||
-  fail "the restart count is not in the report's settings: $(grep transport restart.json)"
-
 # Debian's own torchrun (PyTorch 1.13 on Python 3.11). Its default --redirects/--tee of "0"
 # crash before any worker starts (Std.from_str finds no flag of value 0 on Python 3.11); a
 # mapping for a local rank that does not exist ("9:0") means the same "no redirect".
-port=$(free_port)
-/usr/bin/python3 -m torch.distributed.run --nnodes 1 --nproc_per_node 2 --master_addr 127.0.0.1 \
-  --master_port "$port" --redirects 9:0 --tee 9:0 --no_python \
-  "$gradnorm" run --launcher env -s 'dist/*' -q --digests torchrun.tsv --json torchrun.json \
-  > torchrun.out 2> torchrun.err || fail "torchrun: $(tail -5 torchrun.err)"
-same_digests ref2.tsv torchrun.tsv "Debian's torchrun, 2 ranks"
-grep -q '"transport": "gloo processes x 2 under torchrun (agent store)"' torchrun.json ||
-  fail "torchrun's report settings: $(grep transport torchrun.json)"
+torchrun=(/usr/bin/python3 -m torch.distributed.run --redirects 9:0 --tee 9:0 --no_python)
+
+for world in 2 4; do
+  supervisor_digests "$world"
+  # Rank 0 reports for everyone; every rank is a client of the agent's store.
+  launched_digests "agent$world" "$world" env "gloo processes x $world under torchrun (agent store)" \
+    "torchrun agent's store, $world ranks" /usr/bin/python3 "$agent" --nproc "$world" --
+done
+
+# A restart: keys an earlier attempt left (garbage observations, an abort) are not this one's.
+launched_digests restart 2 env "gloo processes x 2 under torchrun (agent store, restart 1)" \
+  "torchrun agent's store, restart 1 over stale keys" \
+  /usr/bin/python3 "$agent" --nproc 2 --restart-count 1 --stale --
+
+launched_digests torchrun 2 env "gloo processes x 2 under torchrun (agent store)" \
+  "Debian's torchrun, 2 ranks" \
+  "${torchrun[@]}" --nnodes 1 --nproc_per_node 2 --master_addr 127.0.0.1 --master_port "$(free_port)"
 
 # Two torchrun agents, as on two nodes (--nnodes 2, one worker each): node 1's agent and
 # worker are clients of node 0's agent store, and the worker there has GROUP_RANK 1.
 port=$(free_port)
 pids=()
 for node in 0 1; do
-  /usr/bin/python3 -m torch.distributed.run --nnodes 2 --node_rank "$node" --nproc_per_node 1 \
-    --master_addr 127.0.0.1 --master_port "$port" --redirects 9:0 --tee 9:0 --no_python \
+  "${torchrun[@]}" --nnodes 2 --node_rank "$node" --nproc_per_node 1 \
+    --master_addr 127.0.0.1 --master_port "$port" \
     "$gradnorm" run --launcher env -s 'dist/*' -q --digests "nodes$node.tsv" \
     > "nodes$node.out" 2> "nodes$node.err" &
   pids+=($!)
@@ -63,25 +52,15 @@ same_digests ref2.tsv nodes0.tsv "two torchrun agents (--nnodes 2), 2 ranks"
 
 # A real restart: rank 1's first attempt fails, torchrun's agent restarts the group, and the
 # second attempt's keys live under /worker/attempt_1 of the same store.
-port=$(free_port)
-/usr/bin/python3 -m torch.distributed.run --nnodes 1 --nproc_per_node 2 --master_addr 127.0.0.1 \
-  --master_port "$port" --max_restarts 1 --monitor_interval 1 --redirects 9:0 --tee 9:0 \
-  --no_python bash "$source/tests/launchers/fail_first_attempt.sh" \
-  "$gradnorm" run --launcher env -s 'dist/*' -q --digests restarted.tsv --json restarted.json \
-  > restarted.out 2> restarted.err || fail "torchrun --max_restarts 1: $(tail -5 restarted.err)"
-same_digests ref2.tsv restarted.tsv "Debian's torchrun after a restart, 2 ranks"
-grep -q '"transport": "gloo processes x 2 under torchrun (agent store, restart 1)"' restarted.json ||
-  fail "torchrun's restart is not in the report's settings: $(grep transport restarted.json)"
+launched_digests restarted 2 env "gloo processes x 2 under torchrun (agent store, restart 1)" \
+  "Debian's torchrun after a restart, 2 ranks" \
+  "${torchrun[@]}" --nnodes 1 --nproc_per_node 2 --master_addr 127.0.0.1 --master_port "$(free_port)" \
+  --max_restarts 1 --monitor_interval 1 bash "$source/tests/launchers/fail_first_attempt.sh"
 
 # torchrun --standalone: its c10d rendezvous keeps the agent's store to itself, so the workers
 # see TORCHELASTIC_USE_AGENT_STORE=False and rank 0 serves their store.
-/usr/bin/python3 -m torch.distributed.run --standalone --nproc_per_node 2 \
-  --redirects 9:0 --tee 9:0 --no_python \
-  "$gradnorm" run --launcher env -s 'dist/*' -q --digests standalone.tsv --json standalone.json \
-  > standalone.out 2> standalone.err || fail "torchrun --standalone: $(tail -5 standalone.err)"
-same_digests ref2.tsv standalone.tsv "Debian's torchrun --standalone, 2 ranks"
-grep -q '"transport": "gloo processes x 2 under torchrun (rank 0'"'"'s store)"' standalone.json ||
-  fail "torchrun --standalone's report settings: $(grep transport standalone.json)"
+launched_digests standalone 2 env "gloo processes x 2 under torchrun (rank 0's store)" \
+  "Debian's torchrun --standalone, 2 ranks" "${torchrun[@]}" --standalone --nproc_per_node 2
 
 # Faults: the launcher must see a non-zero exit, every rank must end on its own (the agent
 # never stops a worker; its 120 s safety net failing the test means a rank waited forever),

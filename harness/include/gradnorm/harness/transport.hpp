@@ -101,8 +101,9 @@ inline constexpr int kSlurmBasePort = 29500;
 
 // True in a build that found a CUDA toolkit with NCCL (docs/design.md §13).
 [[nodiscard]] bool nccl_compiled_in();
-// Why NCCL cannot run here for the rank on CUDA device `device_index` (libraries that do
-// not load, no driver, no such device); nullopt when it can.
+// Why --backend nccl cannot run here on cuda:`device_index`, as a sentence naming what is
+// missing (the CUDA runtime or NCCL library, a driver, a GPU, that device, or NCCL in this
+// build); nullopt when it can. Never throws; loads libcudart and libnccl on its first call.
 [[nodiscard]] std::optional<std::string> nccl_unavailable_reason(int device_index);
 
 // Observation <-> bytes (LibTorch pickle for tensors, JSON for the rest).
