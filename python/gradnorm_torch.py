@@ -34,6 +34,7 @@ from torch.distributed import distributed_c10d as _c10d
 _local = threading.local()
 _process_default_group = _c10d._get_default_group
 _process_is_initialized = _c10d.is_initialized
+_process_init_process_group = _c10d.init_process_group
 
 
 def _default_group():
@@ -157,6 +158,25 @@ class _DefaultGroup:
     def __exit__(self, *exc):
         _local.group = self._before
         return False
+
+
+# --- rank processes: the real process group ----------------------------------------------
+
+
+def make_gloo_group(store, rank, size, timeout_ms, world):
+    """This rank process's Gloo group over ``store`` (called by the harness, once per group):
+    the world group is torch.distributed's default group, made by init_process_group as a
+    recipe makes it, so a step's collectives, DistributedDataParallel and fully_shard run on
+    it; a mesh's subgroup is a ProcessGroupGloo of its own. Returns the c10d Gloo backend the
+    harness's C++ collectives use: the same object, so both sides share one sequence of
+    collectives. Gloo's device follows GLOO_SOCKET_IFNAME, as torch.distributed's does."""
+    import datetime
+    timeout = datetime.timedelta(milliseconds=timeout_ms)
+    if not world:
+        return dist.ProcessGroupGloo(store, rank, size, timeout)
+    _process_init_process_group(backend="gloo", store=store, rank=rank, world_size=size,
+                                timeout=timeout)
+    return _process_default_group()._get_backend(torch.device("cpu"))
 
 
 # --- what a step sees -------------------------------------------------------------------
@@ -402,8 +422,10 @@ class _Rank:
         self.optimizer = HarnessOptimizer(
             handle.optimizer_step, handle.zero_grad,
             [tensor for _, tensor, trainable in named if trainable], handle.optimizer_facts())
-        self.group = RankGroup(handle.rank, handle.world_size, handle.all_reduce_sum,
-                               handle.barrier)
+        # A rank process over Gloo has the real default group (make_gloo_group); ranks as
+        # threads, and raw NCCL, get the harness's collectives as a group of their own.
+        self.group = None if _process_is_initialized() else RankGroup(
+            handle.rank, handle.world_size, handle.all_reduce_sum, handle.barrier)
         self.state = {}
 
 
@@ -411,13 +433,19 @@ def bind(handle):
     return _Rank(handle)
 
 
-def _refuse_wrapper(name):
-    def refuse(self, *args, **kwargs):
-        raise GradnormUnsupported(
-            "%s is not supported on gradnorm's ranks: the harness's model is one replica per "
-            "rank; call ctx.average_gradients() after the backward passes, which averages the "
-            "gradients as DDP and FSDP do" % name)
-    return refuse
+def _refuse_wrapper_on_shim_ranks(cls, name):
+    original = cls.__init__
+
+    def init(self, *args, **kwargs):
+        if _on_a_rank():
+            raise GradnormUnsupported(
+                "%s needs a real process group, which gradnorm's ranks have only as processes "
+                "(--nproc W, torchrun, Slurm; Gloo): ranks as threads share one process, whose "
+                "torch.distributed has no group per thread. Here call ctx.average_gradients() "
+                "after the backward passes, which averages the gradients as DDP and FSDP do"
+                % name)
+        original(self, *args, **kwargs)
+    cls.__init__ = init
 
 
 def _no_exit(status=0):
@@ -427,19 +455,33 @@ def _no_exit(status=0):
 
 def embed():
     """Guards that hold inside gradnorm only (never in a pytest suite importing this file):
-    no os._exit, no DDP/FSDP wrapper, no process-group management on a rank."""
+    no os._exit; on ranks as threads (and raw NCCL's shim), no DDP/FSDP wrapper and no
+    process-group management; on rank processes the harness owns the default group, so a
+    step may not create or destroy it (new_group and every collective are torch's own)."""
     os._exit = _no_exit
-    torch.nn.parallel.DistributedDataParallel.__init__ = _refuse_wrapper("DistributedDataParallel")
-    try:
-        from torch.distributed.fsdp import FullyShardedDataParallel
-        FullyShardedDataParallel.__init__ = _refuse_wrapper("FullyShardedDataParallel")
-    except Exception:  # torch 1.13's FSDP does not import on Python 3.11: nothing to guard
-        pass
+    _refuse_wrapper_on_shim_ranks(torch.nn.parallel.DistributedDataParallel,
+                                  "DistributedDataParallel")
+    from torch.distributed.fsdp import FullyShardedDataParallel
+    _refuse_wrapper_on_shim_ranks(FullyShardedDataParallel, "FullyShardedDataParallel")
+    import torch.distributed.fsdp as _fsdp
+    if hasattr(_fsdp, "fully_shard"):
+        _guard_function(_fsdp, "fully_shard", _refuse_function_on_threads("fully_shard"))
     _guard_function(_c10d, "get_backend", _get_backend)
     _guard_function(dist, "get_backend", _get_backend)
-    for name in ("new_group", "destroy_process_group", "monitored_barrier", "init_process_group"):
+    for name in ("new_group", "monitored_barrier"):
         _guard_function(_c10d, name, _refuse_function(name))
         _guard_function(dist, name, _refuse_function(name))
+    for name in ("destroy_process_group", "init_process_group"):
+        setattr(_c10d, name, _refuse_function(name))
+        setattr(dist, name, _refuse_function(name))
+
+
+def _refuse_function_on_threads(name):
+    def refuse(*args, **kwargs):
+        raise GradnormUnsupported(
+            "%s needs a real process group, which gradnorm's ranks have only as processes "
+            "(--nproc W, torchrun, Slurm; Gloo)" % name)
+    return refuse
 
 
 _TORCH_DIR = os.path.dirname(os.path.abspath(torch.__file__)) + os.sep
@@ -479,6 +521,8 @@ def run_step(step, rank):
     torch.manual_seed((int(context.scenario["seed"]) * 1000003 + handle.rank * 1009
                        + context.step_index) % (2 ** 63))
     try:
+        if rank.group is None:
+            return read_result(step(context))
         with _DefaultGroup(rank.group):
             return read_result(step(context))
     finally:

@@ -1,18 +1,19 @@
 #!/usr/bin/env bash
-# Installs, from Debian 12's own packages, whatever gradnorm needs and this machine lacks.
+# Installs whatever gradnorm needs and this machine lacks: the C++ libraries and tools from
+# Debian 12's own packages, and the Python environment (.venv, or $GRADNORM_VENV) with the
+# packages requirements.txt pins, torch 2.13.0 among them, whose wheel is also the LibTorch
+# the C++ side builds against (docs/design.md §5).
 set -euo pipefail
+cd "$(dirname "$0")/.."
 
 packages=(
   build-essential cmake ninja-build pkg-config
-  libtorch-dev libgloo-dev          # LibTorch 1.13 (CPU) and the headers its c10d needs
-  libfmt-dev nlohmann-json3-dev libcli11-dev libtomlplusplus-dev
+  libcli11-dev libtomlplusplus-dev nlohmann-json3-dev
   libgtest-dev libgmock-dev librapidcheck-dev
-  python3-torch                     # PyTorch for /usr/bin/python3: Python steps run on it
-  python3-dev pybind11-dev          # the embedded interpreter that runs Python steps
-  python3-pytest                    # tests: the oracle-vector helper in a pytest suite
+  python3.11 python3.11-venv libpython3.11-dev  # the environment's Python: its shared libpython
+                                                # is what the embedded interpreter links
   libmimalloc-dev                   # the gradnorm executable's allocator (docs/design.md §8)
   libvalijson-dev                   # gradnorm validate-report: JSON Schema validation
-  python3-jsonschema                # tests: a second, independent validator of the report schema
   clang libclang-rt-14-dev          # tests: the scenario-file parser under libFuzzer (fuzz/)
   slurmd slurmctld slurm-client munge  # tests: ranks under a single-node Slurm on localhost
 )
@@ -24,11 +25,30 @@ for package in "${packages[@]}"; do
   fi
 done
 if [ ${#missing[@]} -eq 0 ]; then
-  echo "install-deps: every package is already installed"
+  echo "install-deps: every Debian package is already installed"
+else
+  echo "install-deps: installing ${missing[*]}"
+  sudo_cmd=()
+  if [ "$(id -u)" -ne 0 ]; then sudo_cmd=(sudo); fi
+  "${sudo_cmd[@]}" apt-get update -qq
+  DEBIAN_FRONTEND=noninteractive "${sudo_cmd[@]}" apt-get install -y -qq --no-install-recommends "${missing[@]}"
+fi
+
+# The environment is made from Debian's python3.11, never from whatever python3 is first on
+# PATH: the embedded interpreter needs the shared libpython that libpython3.11-dev provides.
+venv=${GRADNORM_VENV:-$PWD/.venv}
+stamp="$venv/gradnorm-requirements.txt"
+if [ -x "$venv/bin/python" ] && cmp -s requirements.txt "$stamp"; then
+  echo "install-deps: $venv already holds requirements.txt"
   exit 0
 fi
-echo "install-deps: installing ${missing[*]}"
-sudo_cmd=()
-if [ "$(id -u)" -ne 0 ]; then sudo_cmd=(sudo); fi
-"${sudo_cmd[@]}" apt-get update -qq
-DEBIAN_FRONTEND=noninteractive "${sudo_cmd[@]}" apt-get install -y -qq --no-install-recommends "${missing[@]}"
+if [ ! -x "$venv/bin/python" ]; then
+  /usr/bin/python3.11 -m venv "$venv"
+fi
+# Every package is pinned, dependencies included, so --no-deps keeps pip from resolving
+# anything the file does not name (an unpinned torch would be a CUDA build of several GB);
+# pip check then proves the pins are complete and consistent.
+"$venv/bin/python" -m pip install --quiet --no-deps --disable-pip-version-check -r requirements.txt
+"$venv/bin/python" -m pip check
+cp requirements.txt "$stamp"
+echo "install-deps: $venv holds requirements.txt ($("$venv/bin/python" -c 'import torch; print("torch", torch.__version__)'))"

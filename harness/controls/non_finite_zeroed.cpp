@@ -1,6 +1,7 @@
 // The full recipe that replaces NaN/Inf gradients with zeros before clipping: an all-masked
 // step becomes a silent finite update.
 #include <ATen/ATen.h>
+#include <ATen/core/grad_mode.h>
 
 #include "../recipes/full_finetune.hpp"
 #include "controls.hpp"

@@ -2,6 +2,7 @@
 // against a frozen teacher, mixed by kd_ratio, accumulated, normalised, logged and clipped
 // exactly as each recipe writes it.
 #include <ATen/ATen.h>
+#include <ATen/core/grad_mode.h>
 
 #include <fmt/format.h>
 

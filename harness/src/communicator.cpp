@@ -1,6 +1,7 @@
 #include "gradnorm/harness/communicator.hpp"
 
 #include <ATen/ATen.h>
+#include <ATen/core/grad_mode.h>
 
 #include <fmt/format.h>
 #include <fmt/ranges.h>

@@ -1,6 +1,7 @@
 #include "gradnorm/harness/determinism.hpp"
 
 #include <ATen/ATen.h>
+#include <ATen/core/grad_mode.h>
 #include <ATen/Parallel.h>
 #include <torch/version.h>
 

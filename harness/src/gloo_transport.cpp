@@ -2,9 +2,9 @@
 // run time, where the build found the CUDA toolkit: see nccl_backend.cpp). No hand-written
 // networking: collectives are c10d's, rendezvous is a c10d FileStore or TCPStore.
 #include <ATen/ATen.h>
+#include <ATen/core/grad_mode.h>
 #include <torch/csrc/distributed/c10d/FileStore.hpp>
 #include <torch/csrc/distributed/c10d/PrefixStore.hpp>
-#include <torch/csrc/distributed/c10d/ProcessGroupGloo.hpp>
 #include <torch/csrc/distributed/c10d/TCPStore.hpp>
 
 #include <fmt/format.h>
@@ -19,6 +19,7 @@
 #include <optional>
 #include <thread>
 
+#include "gradnorm/harness/gloo_groups.hpp"
 #include "gradnorm/harness/transport.hpp"
 #include "process_group_backend.hpp"
 
@@ -65,18 +66,18 @@ bool is_loopback(const std::string& host) {
   return host == "localhost" || host.rfind("127.", 0) == 0 || host == "::1";
 }
 
-// The interface Gloo's pairs listen on: loopback for a loopback rendezvous; the one named by
-// GLOO_SOCKET_IFNAME (as torch.distributed honours it); else the address this host's name
-// resolves to, so ranks on other hosts can reach it (not MASTER_ADDR, which is rank 0's).
-std::shared_ptr<::gloo::transport::Device> gloo_device(const Rendezvous& rendezvous) {
-  if (!rendezvous.file_store.empty()) return c10d::ProcessGroupGloo::createDeviceForHostname("127.0.0.1");
-  if (const auto interface = optional_env("GLOO_SOCKET_IFNAME")) {
-    return c10d::ProcessGroupGloo::createDeviceForInterface(*interface);
+std::atomic<GlooGroupMaker> gloo_group_maker{nullptr};
+
+// The interface Gloo's pairs listen on, as torch.distributed chooses it: GLOO_SOCKET_IFNAME
+// where set, else the address this host's name resolves to, so ranks on other hosts can
+// reach it (not MASTER_ADDR, which is rank 0's). A loopback rendezvous (a FileStore, or
+// MASTER_ADDR on 127.x) listens on loopback: GLOO_SOCKET_IFNAME=lo for this process, unless
+// the user chose an interface.
+void choose_gloo_interface(const Rendezvous& rendezvous) {
+  if (optional_env("GLOO_SOCKET_IFNAME")) return;
+  if (!rendezvous.file_store.empty() || is_loopback(rendezvous.master_addr)) {
+    ::setenv("GLOO_SOCKET_IFNAME", "lo", /*overwrite=*/0);
   }
-  if (is_loopback(rendezvous.master_addr)) {
-    return c10d::ProcessGroupGloo::createDeviceForHostname(rendezvous.master_addr);
-  }
-  return c10d::ProcessGroupGloo::createDefaultDevice();
 }
 
 // The first line of an error, without LibTorch's backtrace.
@@ -144,7 +145,6 @@ class ProcessGroupCommunicator final : public Communicator {
     if (tensors.empty()) return barrier();
     try {
       for (at::Tensor& tensor : tensors) {
-        // LibTorch 1.13's Gloo has no bfloat16: reduce in float32 and round once.
         const bool widen = backend_.widen_bfloat16 && tensor.scalar_type() == at::kBFloat16;
         at::Tensor staged = widen ? tensor.to(at::kFloat) : tensor;
         std::vector<at::Tensor> one{staged.to(backend_.device)};
@@ -196,7 +196,8 @@ class ProcessGroupTransport final : public Transport {
       if (backend == "nccl") {
         backend_ = make_nccl_backend(group_store, rendezvous, options_.timeout);
       } else {
-        backend_ = gloo_backend(group_store, rendezvous.rank, rendezvous.world_size);
+        choose_gloo_interface(rendezvous);
+        backend_ = gloo_backend(group_store, rendezvous.rank, rendezvous.world_size, /*world=*/true);
       }
     } catch (const scenarios::InvalidInput&) {
       throw;
@@ -354,22 +355,34 @@ class ProcessGroupTransport final : public Transport {
           fmt::format("group-{}", fmt::join(ranks, "-")), store_);
       return subgroups_.emplace(ranks, gloo_backend(store, index, static_cast<int>(ranks.size())))
           .first->second;
-    } catch (const c10::Error& error) {
+    } catch (const std::exception& error) {
       throw CommunicationError(fmt::format("rank {}: subgroup {} failed to form: {}",
                                            rendezvous_.rank, fmt::join(ranks, ", "),
-                                           first_line(error.what_without_backtrace())));
+                                           error_text(error)));
     }
   }
 
-  // A ProcessGroupGloo of `size` ranks on `store`, this process as `rank` of it.
+  // A Gloo group of `size` ranks on `store`, this process as `rank` of it, made by the
+  // embedded interpreter's torch.distributed (gloo_groups.hpp); the world group is the
+  // process's default one, which a Python step's torch.distributed uses too.
   ProcessGroupBackend gloo_backend(const c10::intrusive_ptr<c10d::Store>& store, int rank,
-                                   int size) const {
-    auto gloo_options = c10d::ProcessGroupGloo::Options::create(options_.timeout);
-    gloo_options->devices.push_back(gloo_device(rendezvous_));
+                                   int size, bool world = false) const {
+    const GlooGroupMaker maker = gloo_group_maker.load();
+    if (maker == nullptr) {
+      throw std::runtime_error(
+          "no Gloo group maker is installed: a rank process makes its c10d groups through "
+          "gradnorm::python (gradnorm::tools::run_command_line installs it)");
+    }
+    GlooGroupRequest request;
+    request.store = store;
+    request.rank = rank;
+    request.size = size;
+    request.timeout = options_.timeout;
+    request.world = world;
     ProcessGroupBackend backend;
-    backend.group = c10::make_intrusive<c10d::ProcessGroupGloo>(store, rank, size, gloo_options);
+    backend.group = maker(request);
     backend.name = "gloo";
-    backend.widen_bfloat16 = true;  // LibTorch 1.13's Gloo cannot reduce bfloat16
+    backend.widen_bfloat16 = true;
     return backend;
   }
 
@@ -439,6 +452,8 @@ class ProcessGroupTransport final : public Transport {
 };
 
 }  // namespace
+
+void set_gloo_group_maker(GlooGroupMaker maker) { gloo_group_maker.store(maker); }
 
 Rendezvous rendezvous_from_environment() {
   if (!optional_env("RANK") && optional_env("SLURM_PROCID")) return rendezvous_from_slurm();

@@ -1,6 +1,7 @@
 #include "gradnorm/harness/optimizer.hpp"
 
 #include <ATen/ATen.h>
+#include <ATen/core/grad_mode.h>
 #include <torch/optim/adamw.h>
 #include <torch/optim/sgd.h>
 

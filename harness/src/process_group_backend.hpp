@@ -3,7 +3,7 @@
 // must live for it (CPU for Gloo and for raw NCCL, which stages them to its device itself).
 
 #include <ATen/ATen.h>
-#include <torch/csrc/distributed/c10d/ProcessGroup.hpp>
+#include <torch/csrc/distributed/c10d/Backend.hpp>
 #include <torch/csrc/distributed/c10d/Store.hpp>
 
 #include <chrono>
@@ -14,10 +14,12 @@
 namespace gradnorm::harness {
 
 struct ProcessGroupBackend {
-  c10::intrusive_ptr<c10d::ProcessGroup> group;
+  c10::intrusive_ptr<c10d::Backend> group;
   std::string name = "gloo";
   at::Device device = at::kCPU;
-  bool widen_bfloat16 = false;  // Gloo in LibTorch 1.13 cannot reduce bfloat16
+  // Sum bfloat16 in float32 and round once (Gloo): a 2-rank sum is then the one rounding
+  // the thread transport's bfloat16 add makes, whatever order Gloo's algorithm picks.
+  bool widen_bfloat16 = false;
 };
 
 // A process group over raw NCCL on cuda:L, L the rank's local rank (rendezvous.local_rank,

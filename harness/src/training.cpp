@@ -1,6 +1,7 @@
 #include "gradnorm/harness/training.hpp"
 
 #include <ATen/ATen.h>
+#include <ATen/core/grad_mode.h>
 
 #include "gradnorm/harness/step.hpp"
 

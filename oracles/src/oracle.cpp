@@ -1,6 +1,7 @@
 #include "gradnorm/oracles/oracle.hpp"
 
 #include <ATen/ATen.h>
+#include <ATen/core/grad_mode.h>
 #include <torch/csrc/autograd/autograd.h>
 
 #include <fmt/format.h>

@@ -29,7 +29,11 @@
 #include <mutex>
 #include <thread>
 
+#include <torch/csrc/distributed/c10d/Backend.hpp>
+#include <torch/csrc/distributed/c10d/Store.hpp>
+
 #include "gradnorm/harness/communicator.hpp"
+#include "gradnorm/harness/gloo_groups.hpp"
 #include "gradnorm/harness/runner.hpp"
 #include "gradnorm/harness/step.hpp"
 #include "gradnorm/harness/training.hpp"
@@ -55,6 +59,18 @@ struct TorchCallError : std::runtime_error {
   using std::runtime_error::runtime_error;
 };
 
+// The Python environment whose torch this build was compiled against (GRADNORM_PYTHON at
+// configure time), or the one the GRADNORM_PYTHON variable names at run time.
+const std::string& python_executable() {
+  static const std::string path = [] {
+    const char* chosen = std::getenv("GRADNORM_PYTHON");
+    return std::string(chosen != nullptr && *chosen != '\0' ? chosen : GRADNORM_DEFAULT_PYTHON);
+  }();
+  return path;
+}
+
+std::string first_line(const std::string& text) { return harness::first_line(text); }
+
 // The interpreter: started once, never finalised (Python objects may outlive any order of
 // static destruction), its GIL released between calls. Holds the gradnorm_torch module.
 class Interpreter {
@@ -79,8 +95,21 @@ class Interpreter {
 
  private:
   Interpreter() {
-    // No signal handlers: the harness and its supervisor own SIGINT and SIGTERM.
-    py::initialize_interpreter(/*init_signal_handlers=*/false);
+    // The environment's Python (docs/design.md §5): told that its executable is the venv's
+    // bin/python, CPython reads the pyvenv.cfg beside it and takes that environment's
+    // site-packages, where its torch is. No signal handlers: the harness and its supervisor
+    // own SIGINT and SIGTERM.
+    PyConfig config;
+    PyConfig_InitPythonConfig(&config);
+    config.parse_argv = 0;
+    config.install_signal_handlers = 0;
+    const std::string& executable = python_executable();
+    if (PyStatus status = PyConfig_SetBytesString(&config, &config.executable, executable.c_str());
+        PyStatus_Exception(status)) {
+      PyConfig_Clear(&config);
+      throw std::runtime_error(fmt::format("the interpreter path {} cannot be used", executable));
+    }
+    py::initialize_interpreter(&config, 0, nullptr, /*add_program_dir_to_path=*/false);
     try {
       py::module_::import("torch");  // before any tensor is wrapped
       py::module_::import("_gradnorm_native");  // registers RankHandle
@@ -107,9 +136,11 @@ class Interpreter {
         }
       });
     } catch (const py::error_already_set& error) {
-      throw InvalidInput(fmt::format("importing torch and gradnorm_torch failed: {} (is "
-                                     "python3-torch installed for {}?)",
-                                     error.what(), "/usr/bin/python3"));
+      throw InvalidInput(fmt::format("importing torch and gradnorm_torch failed: {} (the "
+                                     "environment is {}: is torch installed there? "
+                                     "scripts/install-deps.sh makes it; GRADNORM_PYTHON "
+                                     "names another)",
+                                     first_line(error.what()), python_executable()));
     }
     PyEval_SaveThread();
   }
@@ -531,7 +562,7 @@ std::optional<std::string> ask_cannot_run(const LoadedStep& step, const scenario
     }
     throw InvalidInput(fmt::format("Python step '{}': cannot_run must return None or a string "
                                    "(the reason), it returned {}",
-                                   step.file, py::str(why.get_type().attr("__name__")).cast<std::string>()));
+                                   step.file, py::str(py::type::handle_of(why).attr("__name__")).cast<std::string>()));
   } catch (py::error_already_set& error) {
     const auto [type, message] = describe(error, step.file);
     throw InvalidInput(fmt::format("Python step '{}': cannot_run raised on scenario '{}': {}: {}",
@@ -555,6 +586,31 @@ StepSource parse_step_source(const std::string& text) {
 }
 
 void set_step_timeout(std::chrono::milliseconds timeout) { step_timeout_ms = timeout.count(); }
+
+namespace {
+
+// torch.distributed makes the group (gradnorm_torch.make_gloo_group); the harness gets its
+// c10d::Backend through torch's own pybind11 bindings of Store and Backend.
+c10::intrusive_ptr<c10d::Backend> make_gloo_group(const harness::GlooGroupRequest& request) {
+  Interpreter& interpreter = Interpreter::get();
+  py::gil_scoped_acquire gil;
+  try {
+    py::object backend = interpreter.runtime().attr("make_gloo_group")(
+        py::cast(request.store), request.rank, request.size,
+        static_cast<long long>(request.timeout.count()), request.world);
+    return backend.cast<c10::intrusive_ptr<c10d::Backend>>();
+  } catch (py::error_already_set& error) {
+    throw std::runtime_error(first_line(error.what()));
+  } catch (const py::cast_error& error) {
+    throw std::runtime_error(fmt::format("torch.distributed's Gloo group did not reach C++ as a "
+                                         "c10d::Backend: {}",
+                                         error.what()));
+  }
+}
+
+}  // namespace
+
+void install_gloo_groups() { harness::set_gloo_group_maker(&make_gloo_group); }
 
 harness::Role parse_python_role(const std::string& text) {
   if (text == "candidate") return harness::Role::candidate;

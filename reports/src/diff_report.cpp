@@ -1,6 +1,7 @@
 #include "gradnorm/reports/diff.hpp"
 
 #include <fmt/format.h>
+#include <fmt/ranges.h>
 
 #include <algorithm>
 #include <array>

@@ -2,6 +2,7 @@
 // a corrected step that passes (so the recipes' findings are theirs, not the oracle's), and
 // the recipes' measured error being exactly the arithmetic their finding states.
 #include <ATen/ATen.h>
+#include <ATen/core/grad_mode.h>
 #include <gtest/gtest.h>
 
 #include <cmath>

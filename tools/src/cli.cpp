@@ -681,6 +681,8 @@ int explain_command(const std::string& name, const std::vector<std::string>& var
 namespace gradnorm::tools {
 
 int run_command_line(int argc, char** argv) {
+  // Rank processes make their c10d Gloo groups through torch.distributed (gloo_groups.hpp).
+  python::install_gloo_groups();
   CLI::App app{"gradnorm: proves whether a training step normalises losses and gradients like "
                "a float64 oracle"};
   app.require_subcommand(1);

@@ -6,6 +6,7 @@
 #include "export.hpp"
 
 #include <ATen/ATen.h>
+#include <ATen/core/grad_mode.h>
 #include <torch/csrc/jit/serialization/pickle.h>
 
 #include <fmt/format.h>

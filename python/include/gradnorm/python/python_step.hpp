@@ -1,7 +1,7 @@
 #pragma once
 // Steps written in Python (docs/design.md §10): a file defines `def step(ctx)`; gradnorm
 // runs it in an interpreter embedded in this process (one per process, started on first
-// use, with Debian's PyTorch), on the harness's own tensors, and judges it like any step.
+// use, with the environment's torch), on the harness's own tensors, and judges it like any step.
 //
 //   gradnorm::python::register_python_step({.name = "my-skip",
 //                                           .source = {"recipes/my_skip.py", "step"},
@@ -49,6 +49,12 @@ void register_python_step(const PythonVariant& variant);
 // How long one call of a Python step may run before it counts as hung and is ended
 // (default 60 s; the CLI passes --timeout).
 void set_step_timeout(std::chrono::milliseconds timeout);
+
+// Makes this process's c10d Gloo groups through the embedded interpreter's
+// torch.distributed (harness/gloo_groups.hpp): rank processes need it, and
+// gradnorm::tools::run_command_line calls it. The world group becomes torch.distributed's
+// default group, so a Python step on a rank process uses the real process group.
+void install_gloo_groups();
 
 // "candidate" or "reference"; throws InvalidInput for anything else.
 [[nodiscard]] harness::Role parse_python_role(const std::string& text);
