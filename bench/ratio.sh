@@ -22,7 +22,7 @@ seconds() {  # wall seconds of a command, its output discarded; a failure to sta
 ratios=()
 for run in $(seq "$runs"); do
   g=$(seconds "$gradnorm" run -f "$work/stream.toml" -v baseline -v skip -q)
-  p=$(seconds /usr/bin/python3 "$here/reference.py" "$work/stream.toml")
+  p=$(seconds "${GRADNORM_PYTHON:-$here/../.venv/bin/python}" "$here/reference.py" "$work/stream.toml")
   r=$(awk -v p="$p" -v g="$g" 'BEGIN { printf "%.3f", p / g }')
   ratios+=("$r")
   printf 'run %d: gradnorm %.2f s, reference.py %.2f s, ratio %.2fx\n' "$run" "$g" "$p" "$r"

@@ -548,8 +548,14 @@ class Disagreement(AssertionError):
 
 
 def load_vectors(path):
-    """The oracle vectors in `path` (written by `gradnorm export`)."""
-    data = torch.load(path)
+    """The oracle vectors in `path` (written by `gradnorm export`).
+
+    Loaded with torch.load's weights_only unpickler (the default since torch 2.6): the file
+    holds only tensors, numbers, strings, lists and dicts; the one global it names is the
+    type tag LibTorch's pickler writes for typed lists and dicts, allowed here by name."""
+    from torch.jit._pickle import restore_type_tag
+    with torch.serialization.safe_globals([restore_type_tag]):
+        data = torch.load(path, weights_only=True)
     if not isinstance(data, dict) or data.get("format") != _FORMAT:
         raise ValueError("%s: not a gradnorm oracle vectors file" % path)
     if data.get("version") != _VERSION:

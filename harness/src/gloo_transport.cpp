@@ -101,15 +101,6 @@ std::string store_server(const Rendezvous& rendezvous) {
   return rendezvous.agent_store ? "torchrun's agent" : "rank 0";
 }
 
-// As torch.distributed's own ranks do under torchrun's agent: each restart of the workers
-// gets a fresh key space, so keys an earlier attempt left cannot be read as this one's.
-c10::intrusive_ptr<c10d::Store> in_attempt(c10::intrusive_ptr<c10d::Store> store,
-                                           const Rendezvous& rendezvous) {
-  if (!rendezvous.agent_store) return store;
-  return c10::make_intrusive<c10d::PrefixStore>(
-      fmt::format("/worker/attempt_{}", rendezvous.restart_count), std::move(store));
-}
-
 // Makes (once) the process group of a subgroup of world ranks, for this process.
 using SubgroupFactory = std::function<const ProcessGroupBackend&(const std::vector<int>& ranks)>;
 
@@ -188,8 +179,10 @@ class ProcessGroupTransport final : public Transport {
         tcp.numWorkers = rendezvous.world_size;
         tcp.waitWorkers = true;
         tcp.timeout = options_.timeout;
-        store_ = in_attempt(c10::make_intrusive<c10d::TCPStore>(rendezvous.master_addr, tcp),
-                            rendezvous);
+        // Under torchrun's agent store, keys go unprefixed, as torch.distributed's own ranks
+        // keep them on torch >= 2.x: the agent makes a fresh store for every restart
+        // (torch/distributed/rendezvous.py, _create_c10d_store), so no attempt reads another's.
+        store_ = c10::make_intrusive<c10d::TCPStore>(rendezvous.master_addr, tcp);
       }
       store_->setTimeout(options_.timeout);
       auto group_store = c10::make_intrusive<c10d::PrefixStore>("group", store_);
@@ -405,8 +398,7 @@ class ProcessGroupTransport final : public Transport {
       tcp.isServer = false;
       tcp.waitWorkers = false;  // no numWorkers: this connection is not counted as a rank
       tcp.timeout = options_.timeout;
-      store = in_attempt(c10::make_intrusive<c10d::TCPStore>(rendezvous_.master_addr, tcp),
-                         rendezvous_);
+      store = c10::make_intrusive<c10d::TCPStore>(rendezvous_.master_addr, tcp);
     } catch (const std::exception& error) {
       throw CommunicationError(
           fmt::format("rank {}: rendezvous failed: {}", rendezvous_.rank, error_text(error)));

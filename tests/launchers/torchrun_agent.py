@@ -1,4 +1,4 @@
-#!/usr/bin/python3
+#!/usr/bin/env python3
 """Starts worker processes the way torchrun's elastic agent does, for tests.
 
 torchrun's agent (torch.distributed.elastic, LocalElasticAgent with the static rendezvous)
@@ -6,12 +6,13 @@ serves a TCPStore on MASTER_ADDR:MASTER_PORT itself, sets RANK, LOCAL_RANK, WORL
 LOCAL_WORLD_SIZE, GROUP_RANK, ROLE_RANK, ROLE_WORLD_SIZE, MASTER_ADDR, MASTER_PORT,
 TORCHELASTIC_USE_AGENT_STORE=True, TORCHELASTIC_RUN_ID, TORCHELASTIC_RESTART_COUNT and
 TORCHELASTIC_MAX_RESTARTS for each worker, watches them, and when one fails stops the rest
-and exits non-zero. This does the same with the store from Debian's python3-torch, with two
-differences a test needs: it can plant keys in the store (what an earlier attempt would have
-left), and it never stops a worker itself (but for a safety deadline), so the test sees
-whether the other workers end on their own, and how soon, once one of them has failed.
+and exits non-zero. This does the same with the environment's torch (run it with .venv's
+python), with one difference a test needs: it never stops a worker itself (but for a safety
+deadline), so the test sees whether the other workers end on their own, and how soon, once
+one of them has failed. As torch 2.x's agent does for each restart, it serves a fresh store,
+whose keys carry no attempt prefix (torch/distributed/rendezvous.py, _create_c10d_store).
 
-Usage: torchrun_agent.py [--nproc N] [--restart-count K] [--stale] [--port P]
+Usage: torchrun_agent.py [--nproc N] [--restart-count K] [--port P]
                          [--max-seconds S] -- COMMAND [ARGS...]
 Prints, on stderr, one line per worker: "agent: worker R exited with STATUS after T s".
 Exits 0 when every worker exited 0, else 1 (as torchrun does after a failed group).
@@ -38,8 +39,6 @@ def main():
     parser = argparse.ArgumentParser()
     parser.add_argument("--nproc", type=int, default=2)
     parser.add_argument("--restart-count", type=int, default=0)
-    parser.add_argument("--stale", action="store_true",
-                        help="plant garbage under every earlier attempt's keys")
     parser.add_argument("--port", type=int, default=0)
     parser.add_argument("--max-seconds", type=float, default=300,
                         help="safety net: kill the workers after this long")
@@ -53,13 +52,6 @@ def main():
     # As the agent's static rendezvous does: the store's server lives in the agent.
     store = TCPStore("127.0.0.1", port, args.nproc, True,
                      datetime.timedelta(seconds=60), wait_for_workers=False)
-    if args.stale:
-        for attempt in range(args.restart_count):
-            prefix = f"/worker/attempt_{attempt}/"
-            for rank in range(args.nproc):
-                store.set(prefix + f"obs/0/{rank}", "stale bytes from an earlier attempt")
-                store.set(prefix + f"gradnorm/failed/{rank}", "stale failure")
-            store.set(prefix + "gradnorm/abort", "stale abort from an earlier attempt")
 
     workers = []
     start = time.monotonic()

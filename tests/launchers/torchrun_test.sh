@@ -1,8 +1,8 @@
 #!/usr/bin/env bash
 # gradnorm's ranks under torchrun: under a launcher that serves the store as torchrun's agent
-# does (torchrun_agent.py), and under Debian's own torchrun, the distributed catalogue gives
+# does (torchrun_agent.py), and under the environment's own torchrun (torch 2.13), the distributed catalogue gives
 # the same observation digests as gradnorm's own supervisor (the Gloo-process transport);
-# a restart's keys are its own; and a rank that dies or hangs ends every rank, each naming
+# a restarted group runs on its own store; and a rank that dies or hangs ends every rank, each naming
 # it, with a non-zero exit that the launcher sees.
 # Usage: torchrun_test.sh GRADNORM SOURCE_DIR WORK_DIR
 set -euo pipefail
@@ -12,27 +12,27 @@ rm -rf "$work"
 mkdir -p "$work"
 cd "$work"
 source "$source/tests/launchers/common.sh"
-free_port() { /usr/bin/python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1",0)); print(s.getsockname()[1])'; }
+python=${GRADNORM_PYTHON:?set it to the environment python, as ctest does}
+free_port() { "$python" -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1",0)); print(s.getsockname()[1])'; }
 
-# Debian's own torchrun (PyTorch 1.13 on Python 3.11). Its default --redirects/--tee of "0"
-# crash before any worker starts (Std.from_str finds no flag of value 0 on Python 3.11); a
-# mapping for a local rank that does not exist ("9:0") means the same "no redirect".
-torchrun=(/usr/bin/python3 -m torch.distributed.run --redirects 9:0 --tee 9:0 --no_python)
+# The environment's own torchrun, as `torchrun` runs it (torch 2.13's defaults work on
+# Python 3.11: the --redirects/--tee workaround torch 1.13 needed is gone).
+torchrun=("$python" -m torch.distributed.run --no_python)
 
 for world in 2 4; do
   supervisor_digests "$world"
   # Rank 0 reports for everyone; every rank is a client of the agent's store.
   launched_digests "agent$world" "$world" env "gloo processes x $world under torchrun (agent store)" \
-    "torchrun agent's store, $world ranks" /usr/bin/python3 "$agent" --nproc "$world" --
+    "torchrun agent's store, $world ranks" "$python" "$agent" --nproc "$world" --
 done
 
-# A restart: keys an earlier attempt left (garbage observations, an abort) are not this one's.
+# A restart: the report names it; the attempt has a store of its own.
 launched_digests restart 2 env "gloo processes x 2 under torchrun (agent store, restart 1)" \
-  "torchrun agent's store, restart 1 over stale keys" \
-  /usr/bin/python3 "$agent" --nproc 2 --restart-count 1 --stale --
+  "torchrun agent's store, restart 1" \
+  "$python" "$agent" --nproc 2 --restart-count 1 --
 
 launched_digests torchrun 2 env "gloo processes x 2 under torchrun (agent store)" \
-  "Debian's torchrun, 2 ranks" \
+  "torchrun, 2 ranks" \
   "${torchrun[@]}" --nnodes 1 --nproc_per_node 2 --master_addr 127.0.0.1 --master_port "$(free_port)"
 
 # Two torchrun agents, as on two nodes (--nnodes 2, one worker each): node 1's agent and
@@ -51,16 +51,20 @@ same_digests ref2.tsv nodes0.tsv "two torchrun agents (--nnodes 2), 2 ranks"
 [ ! -e nodes1.tsv ] && [ ! -s nodes1.out ] || fail "the worker on node 1 (rank 1) reported: $(cat nodes1.out)"
 
 # A real restart: rank 1's first attempt fails, torchrun's agent restarts the group, and the
-# second attempt's keys live under /worker/attempt_1 of the same store.
+# second attempt runs on the fresh store the agent serves for it.
 launched_digests restarted 2 env "gloo processes x 2 under torchrun (agent store, restart 1)" \
-  "Debian's torchrun after a restart, 2 ranks" \
+  "torchrun after a restart, 2 ranks" \
   "${torchrun[@]}" --nnodes 1 --nproc_per_node 2 --master_addr 127.0.0.1 --master_port "$(free_port)" \
   --max_restarts 1 --monitor_interval 1 bash "$source/tests/launchers/fail_first_attempt.sh"
 
-# torchrun --standalone: its c10d rendezvous keeps the agent's store to itself, so the workers
-# see TORCHELASTIC_USE_AGENT_STORE=False and rank 0 serves their store.
-launched_digests standalone 2 env "gloo processes x 2 under torchrun (rank 0's store)" \
-  "Debian's torchrun --standalone, 2 ranks" "${torchrun[@]}" --standalone --nproc_per_node 2
+# torchrun --standalone: torch 2.13's c10d rendezvous shares the agent's store with the
+# workers (TORCHELASTIC_USE_AGENT_STORE=True; elastic/rendezvous/dynamic_rendezvous.py,
+# use_agent_store) unless TORCH_DISABLE_SHARE_RDZV_TCP_STORE=1, when rank 0 serves theirs.
+launched_digests standalone 2 env "gloo processes x 2 under torchrun (agent store)" \
+  "torchrun --standalone, 2 ranks" "${torchrun[@]}" --standalone --nproc_per_node 2
+launched_digests standalone-own-store 2 env "gloo processes x 2 under torchrun (rank 0's store)" \
+  "torchrun --standalone with TORCH_DISABLE_SHARE_RDZV_TCP_STORE=1, 2 ranks" \
+  env TORCH_DISABLE_SHARE_RDZV_TCP_STORE=1 "${torchrun[@]}" --standalone --nproc_per_node 2
 
 # Faults: the launcher must see a non-zero exit, every rank must end on its own (the agent
 # never stops a worker; its 120 s safety net failing the test means a rank waited forever),
@@ -68,7 +72,7 @@ launched_digests standalone 2 env "gloo processes x 2 under torchrun (rank 0's s
 fault_case() {  # NAME FAULT EXPECTED_TEXT...
   local name=$1 fault=$2; shift 2
   local status=0
-  /usr/bin/python3 "$agent" --nproc 2 --max-seconds 120 -- \
+  "$python" "$agent" --nproc 2 --max-seconds 120 -- \
     "$gradnorm" run --launcher env -s dist/5-3/float32 -v baseline --timeout 5 -q \
     --inject-fault "$fault" > "$name.out" 2> "$name.err" || status=$?
   [ "$status" -ne 0 ] || fail "$name: the launcher saw exit 0"

@@ -41,7 +41,7 @@ flags=(--headless --no-sandbox --disable-gpu --disable-quic --no-first-run --dis
        --disable-component-update --disable-sync --user-data-dir="$work/profile")
 for name in run diff; do
   page="$work/$name.html"
-  rows=$(/usr/bin/python3 -c "import json,sys; print(len(json.load(open(sys.argv[1]))['records']))" \
+  rows=$("${GRADNORM_PYTHON:-python3}" -c "import json,sys; print(len(json.load(open(sys.argv[1]))['records']))" \
          "$work/$([ "$name" = run ] && echo run || echo head).json")
   timeout 120 "$browser" "${flags[@]}" --virtual-time-budget=5000 --dump-dom "file://$page" \
     > "$work/$name.dom" 2> "$work/$name.console" || fail "$name: chromium could not load the page"

@@ -35,7 +35,7 @@ status=0
 eval "\"$gradnorm\" $reproduce" > "$work/reproduce.log" 2>&1 || status=$?
 [ "$status" -eq 1 ] || fail "the reproduce command exited $status: $(tail -3 "$work/reproduce.log")"
 # JUnit as reporters read it: count testcases, failures and skipped with an XML parser.
-/usr/bin/python3 - "$work/out" <<'PY'
+"${GRADNORM_PYTHON:?set it to the environment python, as ctest does}" - "$work/out" <<'PY'
 import sys, xml.etree.ElementTree as ET
 out = sys.argv[1]
 def read(name):
@@ -61,7 +61,7 @@ for report in base head; do
   "$gradnorm" validate-report "$work/out/$report.json" > /dev/null || fail "$report.json is not a valid report"
 done
 # A second, independent validator of the same schema: Python's jsonschema.
-/usr/bin/python3 - "$source/docs/report.schema.json" "$work/out/base.json" "$work/out/head.json" <<'PY'
+"${GRADNORM_PYTHON:?set it to the environment python, as ctest does}" - "$source/docs/report.schema.json" "$work/out/base.json" "$work/out/head.json" <<'PY'
 import json, sys, jsonschema
 schema = json.load(open(sys.argv[1]))
 jsonschema.Draft7Validator.check_schema(schema)

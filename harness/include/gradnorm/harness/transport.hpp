@@ -57,8 +57,8 @@ struct Rendezvous {
   std::string master_addr;  // "tcp" rendezvous: a TCPStore here (served by rank 0 or the agent)
   int master_port = 0;
   // torchrun's elastic agent already serves the TCPStore on MASTER_ADDR:MASTER_PORT
-  // (TORCHELASTIC_USE_AGENT_STORE=True): every rank is a client, and keys live under
-  // /worker/attempt_RESTART_COUNT as torch.distributed's own ranks keep them.
+  // (TORCHELASTIC_USE_AGENT_STORE=True): every rank is a client. Keys are unprefixed, as
+  // torch.distributed's own ranks keep them: the agent serves a fresh store per restart.
   bool agent_store = false;
   int restart_count = 0;   // TORCHELASTIC_RESTART_COUNT
   std::string run_id;      // TORCHELASTIC_RUN_ID (not in reports: it differs run to run)
