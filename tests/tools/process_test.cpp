@@ -626,6 +626,43 @@ TEST(PythonStepProcesses, TheBaselineTranscriptionAgreesAsTwoRankProcesses) {
   }
 }
 
+// A step that wraps ctx.model in DistributedDataParallel: DDP's reducer averages the gradients
+// over the rank processes' real Gloo group, and the harness's optimizer records what it left.
+TEST(PythonStepProcesses, DistributedDataParallelAroundTheModelPassesOnTwoRankProcesses) {
+  // accum2-ragged accumulates two micro-batches: DDP's no_sync, then one average.
+  const std::vector<std::string> args = {"run", "--python-step", kPythonExamples + "ddp.py",
+                                         "-s", "dist/5-3/*", "-s", "dist/5-3-clip-active/*",
+                                         "-s", "dist/accum2-ragged/*", "-v", "py/ddp",
+                                         "--nproc", "2"};
+  const EnvironmentChanges env = marked_environment();
+  const ProcessResult r = run_cli(args, env);
+  EXPECT_EQ(r.exit_code, kExitAsExpected) << describe(args, env, r);
+  EXPECT_TRUE(contains(r.out, "9 rows: 9 pass, 0 fail")) << describe(args, env, r);
+  EXPECT_TRUE(no_process_carries(env.set.at(kMarkerKey)));
+}
+
+// Negative control: the same step on ranks as threads is refused by name, not run wrongly.
+TEST(PythonStepProcesses, DistributedDataParallelOnThreadRanksIsRefusedByName) {
+  const std::vector<std::string> args = {"run", "--python-step", kPythonExamples + "ddp.py",
+                                         "-s", "dist/5-3/float32", "-v", "py/ddp"};
+  const ProcessResult r = run_cli(args, {});
+  EXPECT_EQ(r.exit_code, 1) << describe(args, {}, r);
+  EXPECT_TRUE(contains(r.out, "DistributedDataParallel needs a real process group"))
+      << describe(args, {}, r);
+}
+
+// Every collective and op a recipe may call is torch's own on rank processes.
+TEST(PythonStepProcesses, EveryCollectiveAndOpIsTheRealProcessGroups) {
+  const std::vector<std::string> args = {"run", "--python-step", kPythonSteps + "real_collectives.py",
+                                         "-s", "dist/5-3/float32", "-s", "dist/accum2-ragged/float64",
+                                         "-v", "py/real_collectives", "--nproc", "2"};
+  EnvironmentChanges env = marked_environment();
+  env.set["PYTHONPATH"] = kPythonExamples;
+  const ProcessResult r = run_cli(args, env);
+  EXPECT_EQ(r.exit_code, kExitAsExpected) << describe(args, env, r);
+  EXPECT_TRUE(contains(r.out, "2 rows: 2 pass, 0 fail")) << describe(args, env, r);
+}
+
 TEST(PythonStepProcesses, AStepThatRaisesIsRecordedWithItsFileAndLine) {
   const std::vector<std::string> args = {"run", "--python-step", kPythonSteps + "raises.py",
                                          "-s", "dist/5-3/float32", "--nproc", "2"};
