@@ -289,11 +289,11 @@ class CompletedWork final : public c10d::Work {
   std::vector<at::Tensor> outputs_;
 };
 
-class RawNcclProcessGroup final : public c10d::ProcessGroup {
+class RawNcclProcessGroup final : public c10d::Backend {
  public:
   RawNcclProcessGroup(const c10::intrusive_ptr<c10d::Store>& store, int rank, int size,
                       int device, std::chrono::milliseconds timeout)
-      : c10d::ProcessGroup(rank, size), rt_(runtime()), device_(device), timeout_(timeout) {
+      : c10d::Backend(rank, size), rt_(runtime()), device_(device), timeout_(timeout) {
     init();  // c10d's usage logging, which needs getBackendName(), so not in the base ctor
     try {
       connect(*store);
