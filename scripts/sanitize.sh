@@ -8,7 +8,7 @@ cd "$(dirname "$0")/.."
 build=${1:-build-asan}
 
 # The options apply to the tests gtest_discover_tests runs while building, to every test, and
-# to the gradnorm executable the tests start. /usr/bin/python3 and Chromium are not built
+# to the gradnorm executable the tests start. The environment's Python (.venv) and Chromium are not built
 # with the sanitizer and ignore them. exitcode=23: a sanitizer report never reads as one of
 # gradnorm's own statuses (0-3), so a test expecting exit 1 still fails on a leak.
 export ASAN_OPTIONS="halt_on_error=1:exitcode=23:detect_leaks=1:detect_stack_use_after_return=1:check_initialization_order=1:strict_init_order=1"
