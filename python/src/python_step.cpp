@@ -69,8 +69,6 @@ const std::string& python_executable() {
   return path;
 }
 
-std::string first_line(const std::string& text) { return harness::first_line(text); }
-
 // The interpreter: started once, never finalised (Python objects may outlive any order of
 // static destruction), its GIL released between calls. Holds the gradnorm_torch module.
 class Interpreter {
@@ -140,7 +138,7 @@ class Interpreter {
                                      "environment is {}: is torch installed there? "
                                      "scripts/install-deps.sh makes it; GRADNORM_PYTHON "
                                      "names another)",
-                                     first_line(error.what()), python_executable()));
+                                     harness::first_line(error.what()), python_executable()));
     }
     PyEval_SaveThread();
   }
@@ -600,7 +598,7 @@ c10::intrusive_ptr<c10d::Backend> make_gloo_group(const harness::GlooGroupReques
         static_cast<long long>(request.timeout.count()), request.world);
     return backend.cast<c10::intrusive_ptr<c10d::Backend>>();
   } catch (py::error_already_set& error) {
-    throw std::runtime_error(first_line(error.what()));
+    throw std::runtime_error(harness::first_line(error.what()));
   } catch (const py::cast_error& error) {
     throw std::runtime_error(fmt::format("torch.distributed's Gloo group did not reach C++ as a "
                                          "c10d::Backend: {}",
