@@ -16,6 +16,7 @@ collectives, so a step calls ``torch.distributed.all_reduce`` exactly as a recip
 reduces bit for bit as the harness's C++ steps do.
 """
 
+import functools
 import importlib.util
 import math
 import os
@@ -124,11 +125,11 @@ def _on_a_rank():
 def _guard_function(module, name, replacement):
     original = getattr(module, name)
 
+    @functools.wraps(original)  # keeps the function's attributes (fully_shard.state)
     def guarded(*args, **kwargs):
         if _on_a_rank():
             return replacement(*args, **kwargs)
         return original(*args, **kwargs)
-    guarded.__name__ = name
     setattr(module, name, guarded)
 
 
@@ -213,20 +214,61 @@ class HarnessModel(torch.nn.Module):
 
 class HarnessOptimizer:
     """The optimizer the scenario names, built by the harness. ``step()`` consumes the
-    ``.grad`` of every trainable parameter and the harness records what it consumed."""
+    ``.grad`` of every trainable parameter and the harness records what it consumed.
 
-    def __init__(self, step, zero_grad, params, facts):
+    After ``fully_shard(ctx.model)`` (rank processes, a model from a Python file) the
+    module's parameters are DTensor shards that replaced the harness's tensors: ``step()``
+    then gathers each full gradient into the harness's tensor (DTensor.full_tensor, an
+    all-gather every rank makes in the same order), steps the harness's optimizer on the
+    full tensors, and writes each updated value back into the rank's shard."""
+
+    def __init__(self, step, zero_grad, named_params, facts, module):
         self._step = step
         self._zero_grad = zero_grad
-        self.param_groups = [dict(facts, params=list(params))]
+        self._named = list(named_params)
+        self._module = module
+        self.param_groups = [dict(facts, params=[tensor for _, tensor in self._named])]
+
+    def _sharded(self):
+        """(harness tensor, the module's DTensor parameter) for each parameter fully_shard
+        replaced; empty when the module's parameters are still the harness's."""
+        current = dict(self._module.named_parameters())
+        pairs = []
+        for name, tensor in self._named:
+            now = current.get(name)
+            if now is None or now is tensor:
+                continue
+            from torch.distributed.tensor import DTensor
+            if not isinstance(now, DTensor):
+                raise GradnormUnsupported(
+                    "parameter %s of ctx.model was replaced by a %s: gradnorm follows "
+                    "parameters that fully_shard turns into DTensors, no other replacement"
+                    % (name, type(now).__name__))
+            pairs.append((tensor, now))
+        return pairs
 
     def step(self, closure=None):
         if closure is not None:
             raise TypeError("gradnorm's optimizer takes no closure: run forward and backward "
                             "in the step, then call optimizer.step()")
+        sharded = self._sharded()
+        for tensor, shard in sharded:
+            tensor.grad = None if shard.grad is None else shard.grad.full_tensor()
         self._step()
+        if sharded:
+            from torch.distributed.tensor import distribute_tensor
+            with torch.no_grad():
+                for tensor, shard in sharded:
+                    local = distribute_tensor(tensor.detach(), shard.device_mesh,
+                                              shard.placements).to_local()
+                    shard.to_local().copy_(local)
 
     def zero_grad(self, set_to_none=True):
+        for _, shard in self._sharded():
+            if set_to_none:
+                shard.grad = None
+            elif shard.grad is not None:
+                shard.grad.zero_()
         self._zero_grad(bool(set_to_none))
 
 
@@ -418,10 +460,18 @@ class _Rank:
     def __init__(self, handle):
         self.handle = handle
         named = handle.parameters()
-        self.model = HarnessModel([(name, tensor) for name, tensor, _ in named], handle.logits)
+        # A model from a Python file is the user's own module (its parameters are the
+        # harness's); the built-in and TorchScript models are wrapped.
+        self.model = handle.python_model()
+        if self.model is None:
+            self.model = HarnessModel([(name, tensor) for name, tensor, _ in named],
+                                      handle.logits)
+            for _, tensor, _ in named:
+                tensor._gradnorm_forward_in_cpp = True  # fully_shard refuses these
         self.optimizer = HarnessOptimizer(
             handle.optimizer_step, handle.zero_grad,
-            [tensor for _, tensor, trainable in named if trainable], handle.optimizer_facts())
+            [(name, tensor) for name, tensor, trainable in named if trainable],
+            handle.optimizer_facts(), self.model)
         # A rank process over Gloo has the real default group (make_gloo_group); ranks as
         # threads, and raw NCCL, get the harness's collectives as a group of their own.
         self.group = None if _process_is_initialized() else RankGroup(
@@ -466,6 +516,7 @@ def embed():
     import torch.distributed.fsdp as _fsdp
     if hasattr(_fsdp, "fully_shard"):
         _guard_function(_fsdp, "fully_shard", _refuse_function_on_threads("fully_shard"))
+        _refuse_fully_shard_of_built_in_models(_fsdp)
     _guard_function(_c10d, "get_backend", _get_backend)
     _guard_function(dist, "get_backend", _get_backend)
     for name in ("new_group", "monitored_barrier"):
@@ -474,6 +525,25 @@ def embed():
     for name in ("destroy_process_group", "init_process_group"):
         setattr(_c10d, name, _refuse_function(name))
         setattr(dist, name, _refuse_function(name))
+
+
+def _refuse_fully_shard_of_built_in_models(fsdp):
+    """fully_shard replaces a module's parameters by DTensor shards and gathers them around
+    the module's own forward. A built-in or TorchScript model's forward runs in C++ on the
+    harness's tensors (HarnessModel), which would never see them: refused by name."""
+    guarded = fsdp.fully_shard
+
+    @functools.wraps(guarded)
+    def fully_shard(module, *args, **kwargs):
+        for m in (module if isinstance(module, (list, tuple)) else [module]):
+            if any(getattr(p, "_gradnorm_forward_in_cpp", False) for p in m.parameters()):
+                raise GradnormUnsupported(
+                    "fully_shard needs a model whose forward is its own Python: name one with "
+                    "model = \"python:FILE.py:FUNCTION\" in the scenario; a built-in or "
+                    "TorchScript model's forward runs in C++ on gradnorm's own tensors, which "
+                    "would never see the shards (DistributedDataParallel works on it)")
+        return guarded(module, *args, **kwargs)
+    fsdp.fully_shard = fully_shard
 
 
 def _refuse_function_on_threads(name):
@@ -532,6 +602,61 @@ def run_step(step, rank):
         torch.set_grad_enabled(saved[1])
         torch.set_num_threads(saved[2])
         torch.use_deterministic_algorithms(saved[3])
+
+
+# --- models from Python files: model = "python:FILE.py:FUNCTION" ------------------------
+
+
+def build_model(function, path, name, vocab_size, hidden_size, sequence_length, seed):
+    """The torch.nn.Module ``function`` returns for the scenario's sizes, its random draws
+    made from the scenario's seed (torch's global generator is forked, then restored), so
+    every rank and process builds the same initial parameters. What the function changes of
+    torch's global state (the default dtype, grad mode) is put back."""
+    saved = (torch.get_default_dtype(), torch.is_grad_enabled())
+    try:
+        with torch.random.fork_rng(devices=[]):
+            torch.manual_seed(int(seed))
+            module = function(vocab_size=int(vocab_size), hidden_size=int(hidden_size),
+                              sequence_length=int(sequence_length))
+    finally:
+        torch.set_default_dtype(saved[0])
+        torch.set_grad_enabled(saved[1])
+    if not isinstance(module, torch.nn.Module):
+        raise TypeError("%s returned %s, not a torch.nn.Module"
+                        % (name, type(module).__name__))
+    return module
+
+
+def model_copy(module, dtype):
+    """A deep copy of ``module`` with its floating parameters and buffers in ``dtype``
+    ('float64', 'float32', 'bfloat16'): each rank's model, and the oracle's float64 twin."""
+    import copy
+    twin = copy.deepcopy(module)
+    with torch.no_grad():
+        twin.to(getattr(torch, dtype))
+    return twin
+
+
+def model_logits(module, tokens, dtype, scenario_dtype):
+    """``module(tokens)``: a tensor of logits [B, T, V], or an output with a ``logits``
+    tensor (as Hugging Face's models return). Their dtype is the parameters' (``dtype``), or
+    float32 (models that cast their output up, as torchtune's TransformerDecoder does), except
+    in a float64 scenario: there the oracle's twin must give float64 logits. (In a float32 or
+    bfloat16 scenario the twin's logits rounded to float32 are off by at most 6e-8 relative,
+    170 times under float32's 1e-5 gradient tolerance.)"""
+    out = module(tokens)
+    logits = out if isinstance(out, torch.Tensor) else getattr(out, "logits", None)
+    if not isinstance(logits, torch.Tensor):
+        raise TypeError("forward returned %s, not a tensor of logits (nor an output with a "
+                        "'logits' tensor)" % type(out).__name__)
+    want = getattr(torch, dtype)
+    upcast = logits.dtype == torch.float32 and scenario_dtype != "float64"
+    if logits.dtype != want and not upcast:
+        raise TypeError("forward returned %s logits for %s parameters; expected %s%s"
+                        % (str(logits.dtype).replace("torch.", ""), dtype, dtype,
+                           "" if scenario_dtype == "float64" or dtype == "float32"
+                           else " or float32"))
+    return logits
 
 
 # --- oracle vectors: a step checked from a pytest suite ---------------------------------
@@ -759,8 +884,8 @@ class OracleVectors:
                     for g in grads:
                         g.div_(s["world_size"])
 
-        optimizer = HarnessOptimizer(optimizer_step, zero_grad, [p for _, p in named],
-                                     {"optimizer": s["optimizer"], "lr": s["learning_rate"]})
+        optimizer = HarnessOptimizer(optimizer_step, zero_grad, named,
+                                     {"optimizer": s["optimizer"], "lr": s["learning_rate"]}, model)
         group = RankGroup(rank, s["world_size"], lambda tensors: room.all_reduce_sum(rank, tensors),
                           room.barrier)
         state = {}

@@ -100,8 +100,9 @@ class DistillationDistributed final : public Step {
 };
 
 std::optional<std::string> needs_a_built_in_teacher(const scenarios::Scenario& s) {
-  if (s.model == scenarios::ModelKind::torchscript) {
-    return std::string("distillation needs a teacher; a TorchScript scenario names none");
+  if (scenarios::model_from_file(s.model)) {
+    return fmt::format("distillation needs a teacher; a {} scenario names none",
+                       s.model == scenarios::ModelKind::torchscript ? "TorchScript" : "Python-model");
   }
   return std::nullopt;  // the recipes never read optimizer_in_bwd: it changes nothing
 }

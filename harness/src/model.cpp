@@ -7,6 +7,7 @@
 
 #include <cmath>
 #include <exception>
+#include <mutex>
 #include <optional>
 
 #include <fmt/format.h>
@@ -226,11 +227,40 @@ std::vector<at::Tensor> Model::trainable_tensors() const {
   return out;
 }
 
+namespace {
+
+std::mutex python_loader_mutex;
+PythonModelLoader& python_loader() {
+  static PythonModelLoader loader;
+  return loader;
+}
+
+}  // namespace
+
+void set_python_model_loader(PythonModelLoader loader) {
+  std::lock_guard lock(python_loader_mutex);
+  python_loader() = std::move(loader);
+}
+
 std::unique_ptr<Model> make_model(const scenarios::Scenario& scenario, ModelConfig config) {
-  if (config.base == scenarios::ModelKind::torchscript) {
+  if (scenarios::model_from_file(config.base)) {
     TORCH_INTERNAL_ASSERT(!config.lora && !config.fake_quantize,
-                          "harness bug: LoRA or QAT asked of a TorchScript model");
-    return load_torchscript_model(scenario);
+                          "harness bug: LoRA or QAT asked of a model from a file");
+  }
+  if (config.base == scenarios::ModelKind::torchscript) return load_torchscript_model(scenario);
+  if (config.base == scenarios::ModelKind::python) {
+    PythonModelLoader loader;
+    {
+      std::lock_guard lock(python_loader_mutex);
+      loader = python_loader();
+    }
+    if (!loader) {
+      throw scenarios::InvalidInput(fmt::format(
+          "scenario '{}': model 'python:{}:{}' needs gradnorm's embedded Python, which this "
+          "program does not link (gradnorm::python)",
+          scenario.name, scenario.model_file, scenario.model_function));
+    }
+    return loader(scenario);
   }
   return std::make_unique<ZooModel>(scenario, config);
 }

@@ -85,9 +85,9 @@ std::vector<VariantSpec> select_variants(std::string_view pattern) {
 }
 
 std::optional<std::string> not_applicable(const VariantSpec& v, const scenarios::Scenario& s) {
-  if (s.model == scenarios::ModelKind::torchscript && v.trains != TrainedModel::scenario_model) {
+  if (scenarios::model_from_file(s.model) && v.trains != TrainedModel::scenario_model) {
     return std::string("LoRA adapters and fake quantisation need the built-in models' linears; "
-                       "a TorchScript model is trained as it is");
+                       "a model from a file is trained as it is");
   }
   return v.cannot_run ? v.cannot_run(s) : std::nullopt;
 }

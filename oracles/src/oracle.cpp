@@ -103,9 +103,9 @@ OracleResult run_oracle(const Scenario& s, const harness::ModelConfig& model_con
       }
     }
     // The built-in models treat each sequence on its own, so the step's sequences go through
-    // them as one batch (one forward instead of one per micro-batch); a TorchScript module
+    // them as one batch (one forward instead of one per micro-batch); a model from a file
     // may not, and gets them as the step's ranks do.
-    if (model_config.base != scenarios::ModelKind::torchscript && batches.size() > 1) {
+    if (!scenarios::model_from_file(model_config.base) && batches.size() > 1) {
       std::vector<at::Tensor> inputs, labels;
       for (const harness::MicroBatch& b : batches) {
         inputs.push_back(b.inputs);

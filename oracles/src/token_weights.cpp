@@ -14,6 +14,8 @@ TokenWeightReport probe_token_weights(const scenarios::Scenario& original,
                                       const harness::RunOptions& options) {
   scenarios::Scenario s = original;
   s.model = scenarios::ModelKind::token_probe;
+  s.model_file.clear();  // the probe replaces a model from a file
+  s.model_function.clear();
   s.steps = 1;
   TokenWeightReport report;
   report.scenario = original.name;

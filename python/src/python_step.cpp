@@ -9,10 +9,9 @@
 // rank waiting in a collective never holds up its peers.
 #include "gradnorm/python/python_step.hpp"
 
-// torch's pybind11 casters for at::Tensor (THPVariable_Wrap / THPVariable_Unpack).
-#include <torch/csrc/utils/pybind.h>
+#include "interpreter.hpp"
+#include "python_model.hpp"
 
-#include <pybind11/embed.h>
 #include <pybind11/stl.h>
 
 #include <ATen/ATen.h>
@@ -41,110 +40,14 @@
 namespace py = pybind11;
 
 namespace gradnorm::python {
-namespace detail {
-extern const char* const kEmbeddedModuleSource;  // python/gradnorm_torch.py, compiled in
-}  // namespace detail
-
 namespace {
 
+using detail::describe;
+using detail::exception_of;
+using detail::Interpreter;
+using detail::Interrupted;
+using detail::TorchCallError;
 using scenarios::InvalidInput;
-
-// Raised into Python when a harness call failed for a reason the harness owns (another
-// rank's step raised, a collective timed out); the step's own code cannot catch it
-// (gradnorm_torch.HarnessInterrupt is a BaseException) and the harness rethrows the cause.
-struct Interrupted {};
-
-// A LibTorch error inside a harness call made from Python: gradnorm_torch.TorchError there.
-struct TorchCallError : std::runtime_error {
-  using std::runtime_error::runtime_error;
-};
-
-// The Python environment whose torch this build was compiled against (GRADNORM_PYTHON at
-// configure time), or the one the GRADNORM_PYTHON variable names at run time.
-const std::string& python_executable() {
-  static const std::string path = [] {
-    const char* chosen = std::getenv("GRADNORM_PYTHON");
-    return std::string(chosen != nullptr && *chosen != '\0' ? chosen : GRADNORM_DEFAULT_PYTHON);
-  }();
-  return path;
-}
-
-// The interpreter: started once, never finalised (Python objects may outlive any order of
-// static destruction), its GIL released between calls. Holds the gradnorm_torch module.
-class Interpreter {
- public:
-  static Interpreter& get() {
-    static Interpreter* instance = nullptr;
-    static std::string failure;
-    static std::once_flag once;
-    std::call_once(once, [] {
-      try {
-        instance = new Interpreter();
-      } catch (const std::exception& error) {
-        failure = error.what();
-      }
-    });
-    if (instance == nullptr) throw InvalidInput("cannot start the embedded Python: " + failure);
-    return *instance;
-  }
-
-  // gradnorm_torch; call with the GIL held.
-  [[nodiscard]] py::module_ runtime() const { return py::reinterpret_borrow<py::module_>(runtime_); }
-
- private:
-  Interpreter() {
-    // The environment's Python (docs/design.md §5): told that its executable is the venv's
-    // bin/python, CPython reads the pyvenv.cfg beside it and takes that environment's
-    // site-packages, where its torch is. No signal handlers: the harness and its supervisor
-    // own SIGINT and SIGTERM.
-    PyConfig config;
-    PyConfig_InitPythonConfig(&config);
-    config.parse_argv = 0;
-    config.install_signal_handlers = 0;
-    const std::string& executable = python_executable();
-    if (PyStatus status = PyConfig_SetBytesString(&config, &config.executable, executable.c_str());
-        PyStatus_Exception(status)) {
-      PyConfig_Clear(&config);
-      throw std::runtime_error(fmt::format("the interpreter path {} cannot be used", executable));
-    }
-    py::initialize_interpreter(&config, 0, nullptr, /*add_program_dir_to_path=*/false);
-    try {
-      py::module_::import("torch");  // before any tensor is wrapped
-      py::module_::import("_gradnorm_native");  // registers RankHandle
-      py::module_ sys = py::module_::import("sys");
-      py::object module = py::module_::import("types").attr("ModuleType")("gradnorm_torch");
-      module.attr("__file__") = "gradnorm_torch.py";
-      sys.attr("modules")["gradnorm_torch"] = module;
-      // Compiled under its own name, so tracebacks through it read gradnorm_torch.py.
-      py::module_ builtins = py::module_::import("builtins");
-      builtins.attr("exec")(
-          builtins.attr("compile")(detail::kEmbeddedModuleSource, "gradnorm_torch.py", "exec"),
-          module.attr("__dict__"));
-      module.attr("embed")();  // guards that hold inside gradnorm only
-      runtime_ = module.release().ptr();
-      py::register_exception_translator([](std::exception_ptr raised) {
-        try {
-          if (raised) std::rethrow_exception(raised);
-        } catch (const Interrupted&) {
-          py::object interrupt = Interpreter::get().runtime().attr("HarnessInterrupt");
-          PyErr_SetString(interrupt.ptr(), "the harness stopped this step");
-        } catch (const TorchCallError& error) {
-          py::object torch_error = Interpreter::get().runtime().attr("TorchError");
-          PyErr_SetString(torch_error.ptr(), error.what());
-        }
-      });
-    } catch (const py::error_already_set& error) {
-      throw InvalidInput(fmt::format("importing torch and gradnorm_torch failed: {} (the "
-                                     "environment is {}: is torch installed there? "
-                                     "scripts/install-deps.sh makes it; GRADNORM_PYTHON "
-                                     "names another)",
-                                     harness::first_line(error.what()), python_executable()));
-    }
-    PyEval_SaveThread();
-  }
-
-  PyObject* runtime_ = nullptr;
-};
 
 std::string scenario_dtype(const scenarios::Scenario& s) { return std::string(to_string(s.dtype)); }
 
@@ -246,6 +149,8 @@ class RankHandle {
     }
     return out;
   }
+  // The scenario's torch.nn.Module for a model from a Python file, else None.
+  py::object python_model() const { return detail::module_of(context().model()); }
   std::vector<std::pair<at::Tensor, at::Tensor>> micro_batches() const {
     std::vector<std::pair<at::Tensor, at::Tensor>> out;
     for (const harness::MicroBatch& b : context().micro_batches()) out.emplace_back(b.inputs, b.labels);
@@ -292,7 +197,7 @@ class RankHandle {
 }  // namespace
 }  // namespace gradnorm::python
 
-PYBIND11_EMBEDDED_MODULE(_gradnorm_native, m) {
+void gradnorm::python::detail::define_native_module(py::module_& m) {
   using gradnorm::python::RankHandle;
   using release = py::call_guard<py::gil_scoped_release>;
   py::class_<RankHandle, std::shared_ptr<RankHandle>>(m, "RankHandle")
@@ -303,6 +208,7 @@ PYBIND11_EMBEDDED_MODULE(_gradnorm_native, m) {
       .def("scenario", &RankHandle::scenario)
       .def("optimizer_facts", &RankHandle::optimizer_facts)
       .def("parameters", &RankHandle::parameters)
+      .def("python_model", &RankHandle::python_model)
       .def("micro_batches", &RankHandle::micro_batches)
       .def("logits", &RankHandle::logits, release())
       .def("loss", &RankHandle::loss, release())
@@ -322,29 +228,6 @@ struct LoadedStep {
   PyObject* function = nullptr;
   PyObject* cannot_run = nullptr;  // null when the module defines none
 };
-
-// The exception, with the whole traceback it was raised through (the value's own
-// __traceback__ can stop short of the user's frame).
-py::object exception_of(py::error_already_set& error) {
-  py::object value = error.value();
-  if (error.trace()) PyException_SetTraceback(value.ptr(), error.trace().ptr());
-  return value;
-}
-
-// (type name, "message (at FILE:LINE)"), never throwing: what cannot be described is
-// named so. `function` (or null) is the step, cited when the traceback never reaches the
-// user's file (an error in what the step returned).
-std::pair<std::string, std::string> describe(py::error_already_set& error, const std::string& file,
-                                             PyObject* function = nullptr) {
-  try {
-    return Interpreter::get().runtime().attr("describe")(
-        exception_of(error), file, function ? py::handle(function) : py::handle(Py_None))
-        .cast<std::pair<std::string, std::string>>();
-  } catch (const std::exception& inner) {
-    return {"Exception", fmt::format("an exception gradnorm could not describe ({})",
-                                     harness::first_line(inner.what()))};
-  }
-}
 
 // The exception a step raised, as the harness records it: a refusal, a LibTorch error
 // (raised inside torch's own code, or inside a harness call: the c10::Error a C++ step
@@ -609,6 +492,15 @@ c10::intrusive_ptr<c10d::Backend> make_gloo_group(const harness::GlooGroupReques
 }  // namespace
 
 void install_gloo_groups() { harness::set_gloo_group_maker(&make_gloo_group); }
+
+void hold_interpreter_until_exit() {
+  // torch's DTensor dispatch keeps Python objects in thread-local caches (libtorch_python's
+  // NativeOpSchema table), destroyed by the exiting thread's TLS destructors, which run
+  // before any atexit handler: with the GIL released they abort the process ("PyThreadState_Get:
+  // the function must be called with the GIL held"). Measured after fully_shard on a rank
+  // process. Taken here and never given back, so those destructors find it held.
+  if (detail::Interpreter::started()) PyGILState_Ensure();
+}
 
 harness::Role parse_python_role(const std::string& text) {
   if (text == "candidate") return harness::Role::candidate;

@@ -21,11 +21,12 @@ using NameTable = std::array<std::pair<Enum, std::string_view>, Size>;
 
 constexpr NameTable<DType, 3> kDTypeNames{{
     {DType::float64, "float64"}, {DType::float32, "float32"}, {DType::bfloat16, "bfloat16"}}};
-constexpr NameTable<ModelKind, 5> kModelNames{{{ModelKind::causal_lm, "causal_lm"},
+constexpr NameTable<ModelKind, 6> kModelNames{{{ModelKind::causal_lm, "causal_lm"},
                                                {ModelKind::linear_head, "linear_head"},
                                                {ModelKind::lora, "lora"},
                                                {ModelKind::token_probe, "token_probe"},
-                                               {ModelKind::torchscript, "torchscript"}}};
+                                               {ModelKind::torchscript, "torchscript"},
+                                               {ModelKind::python, "python"}}};
 constexpr NameTable<LossKind, 3> kLossNames{{{LossKind::mean_ce, "mean_ce"},
                                              {LossKind::chunked_ce, "chunked_ce"},
                                              {LossKind::linear_ce, "linear_ce"}}};
@@ -178,10 +179,16 @@ void validate(const Scenario& s) {
     require(std::isfinite(*s.clip_max_norm) && *s.clip_max_norm >= 0, s, "clip_max_norm",
             fmt::format("must be finite and >= 0 when set, got {}", *s.clip_max_norm));
   }
-  require((s.model == ModelKind::torchscript) == !s.model_file.empty(), s, "model",
-          s.model == ModelKind::torchscript
-              ? std::string("torchscript needs a file: model = \"torchscript:PATH\"")
+  require(model_from_file(s.model) == !s.model_file.empty(), s, "model",
+          s.model == ModelKind::torchscript ? std::string("torchscript needs a file: model = \"torchscript:PATH\"")
+          : s.model == ModelKind::python
+              ? std::string("python needs a file and a function: model = \"python:FILE.py:FUNCTION\"")
               : fmt::format("model_file '{}' is set but the model is {}", s.model_file,
+                            to_string(s.model)));
+  require((s.model == ModelKind::python) == !s.model_function.empty(), s, "model",
+          s.model == ModelKind::python
+              ? std::string("python needs a function: model = \"python:FILE.py:FUNCTION\"")
+              : fmt::format("model_function '{}' is set but the model is {}", s.model_function,
                             to_string(s.model)));
   require(std::isfinite(s.kd_ratio) && s.kd_ratio >= 0 && s.kd_ratio <= 1, s, "kd_ratio",
           fmt::format("must be in [0, 1], got {}", s.kd_ratio));
@@ -259,6 +266,7 @@ double parameter_elements(const Scenario& s) {
       const std::uintmax_t bytes = std::filesystem::file_size(s.model_file, error);
       return error ? 0.0 : static_cast<double>(bytes) / 4;
     }
+    case ModelKind::python: return 0;  // known only once the function has built it
   }
   return 0;
 }
@@ -279,6 +287,14 @@ double estimate_memory_bytes(const Scenario& s, int ranks_in_process) {
          ranks * per_rank_activations;
 }
 
+std::string model_name(const Scenario& s) {
+  switch (s.model) {
+    case ModelKind::torchscript: return "torchscript:" + s.model_file;
+    case ModelKind::python: return fmt::format("python:{}:{}", s.model_file, s.model_function);
+    default: return std::string(to_string(s.model));
+  }
+}
+
 std::string describe(const Scenario& s) {
   std::string counts = fmt::format("{}", s.valid_tokens);
   std::string clip = s.clip_max_norm ? fmt::format("{}", *s.clip_max_norm) : "none";
@@ -287,8 +303,7 @@ std::string describe(const Scenario& s) {
       "lr={} clip={} in_bwd={} steps={} seed={} lora_rank={} chunks={} momentum={} wd={}{}{}{}",
       s.name, s.world_size, s.accumulation_steps, counts, s.micro_batch_size, s.sequence_length,
       to_string(s.mask), s.vocab_size, s.hidden_size, to_string(s.dtype),
-      s.model == ModelKind::torchscript ? "torchscript:" + s.model_file
-                                        : std::string(to_string(s.model)),
+      model_name(s),
       to_string(s.loss), to_string(s.optimizer), s.learning_rate, clip, s.optimizer_in_backward,
       s.steps, s.seed, s.lora_rank, s.loss_chunks, s.momentum, s.weight_decay,
       s.world_size > 1 ? fmt::format(" average={}", to_string(s.rank_average)) : std::string(),

@@ -92,20 +92,43 @@ class Reader {
   std::set<std::string> used_;
 };
 
-// model = "causal_lm" (a built-in) or "torchscript:PATH", PATH relative to the file's folder.
+// model = "causal_lm" (a built-in), "torchscript:PATH" or "python:FILE.py:FUNCTION"; a
+// relative file is relative to the scenario file's folder.
 void read_model(Reader& r, Scenario& s, const std::string& source) {
   std::string text;
   r.read(std::string_view("model"), text, "a string");
+  auto beside_source = [&](std::filesystem::path file) {
+    if (file.is_relative()) file = std::filesystem::path(source).parent_path() / file;
+    return file.lexically_normal().string();
+  };
   constexpr std::string_view kScripted = "torchscript:";
   if (text.rfind(kScripted, 0) == 0) {
     std::filesystem::path file(text.substr(kScripted.size()));
     if (file.empty()) r.fail("model", "names no file: expected \"torchscript:PATH\"");
-    if (file.is_relative()) file = std::filesystem::path(source).parent_path() / file;
     s.model = ModelKind::torchscript;
-    s.model_file = file.lexically_normal().string();
+    s.model_file = beside_source(file);
+    return;
+  }
+  constexpr std::string_view kPython = "python:";
+  if (text.rfind(kPython, 0) == 0) {
+    // FILE.py:FUNCTION, split at the first colon after the file's last '/'.
+    const std::string rest = text.substr(kPython.size());
+    const auto slash = rest.find_last_of('/');
+    const auto colon = rest.find(':', slash == std::string::npos ? 0 : slash);
+    const std::string file = rest.substr(0, colon);
+    const std::string function = colon == std::string::npos ? "" : rest.substr(colon + 1);
+    if (file.empty()) r.fail("model", "names no file: expected \"python:FILE.py:FUNCTION\"");
+    if (function.empty()) {
+      r.fail("model", fmt::format("names no function in '{}': expected \"python:FILE.py:FUNCTION\"",
+                                  file));
+    }
+    s.model = ModelKind::python;
+    s.model_file = beside_source(file);
+    s.model_function = function;
     return;
   }
   if (text == "torchscript") r.fail("model", "needs a file: \"torchscript:PATH\"");
+  if (text == "python") r.fail("model", "needs a file and a function: \"python:FILE.py:FUNCTION\"");
   if (text.empty()) {
     if (r.node("model") != nullptr) r.fail("model", "must not be empty");
     return;
@@ -113,7 +136,8 @@ void read_model(Reader& r, Scenario& s, const std::string& source) {
   try {
     s.model = parse_model_kind(text);
   } catch (const InvalidInput& error) {
-    r.fail("model", fmt::format("is invalid: {} (or \"torchscript:PATH\")", error.what()));
+    r.fail("model", fmt::format("is invalid: {} (or \"torchscript:PATH\", \"python:FILE.py:FUNCTION\")",
+                                error.what()));
   }
 }
 
@@ -349,9 +373,13 @@ std::string scenario_table(const Scenario& s) {
   line("lora_rank", fmt::format("{}", s.lora_rank));
   line("loss_chunks", fmt::format("{}", s.loss_chunks));
   line("dtype", toml_string(to_string(s.dtype)));
-  line("model", toml_string(s.model == ModelKind::torchscript
-                                ? "torchscript:" + std::filesystem::absolute(s.model_file).string()
-                                : std::string(to_string(s.model))));
+  line("model", toml_string(
+                    s.model == ModelKind::torchscript
+                        ? "torchscript:" + std::filesystem::absolute(s.model_file).string()
+                    : s.model == ModelKind::python
+                        ? fmt::format("python:{}:{}", std::filesystem::absolute(s.model_file).string(),
+                                      s.model_function)
+                        : std::string(to_string(s.model))));
   line("loss", toml_string(to_string(s.loss)));
   line("optimizer", toml_string(to_string(s.optimizer)));
   // Doubles as their shortest round-trip form: read back, each is the same double.

@@ -1,6 +1,6 @@
 // Models from TorchScript files: trained in the scenario's dtype by every step, judged
 // against the oracle's float64 copy; a file gradnorm cannot train is an input error naming
-// it. The modules are scripted with LibTorch's jit API here, and in Python where Debian's
+// it. The modules are scripted with LibTorch's jit API here, and in Python with
 // the environment's torch, as a user would script theirs.
 #include <ATen/ATen.h>
 #include <gtest/gtest.h>
@@ -14,6 +14,7 @@
 #include "gradnorm/oracles/evaluation.hpp"
 #include "gradnorm/scenarios/catalogue.hpp"
 #include "support/files.hpp"
+#include "support/model_files.hpp"
 #include "support/scripted_model.hpp"
 
 namespace gradnorm {
@@ -30,21 +31,8 @@ scenarios::Scenario scripted(const std::string& file, const std::string& base) {
   return s;
 }
 
-const oracles::EvaluationRow& row_of(const oracles::Evaluation& e, const std::string& variant) {
-  for (const oracles::EvaluationRow& row : e.rows) {
-    if (row.variant.name == variant) return row;
-  }
-  throw std::runtime_error("no row for " + variant);
-}
-
-std::string input_error(const scenarios::Scenario& s) {
-  try {
-    (void)harness::make_model(s, harness::model_config_for(harness::find_variant("baseline"), s));
-  } catch (const InvalidInput& error) {
-    return error.what();
-  }
-  return "<accepted>";
-}
+using testing_support::row_of;
+std::string input_error(const scenarios::Scenario& s) { return testing_support::model_input_error(s); }
 
 TEST(TorchScriptModel, TrainedAndJudgedOnOneDeviceAndOnRaggedRanks) {
   TemporaryDirectory dir;

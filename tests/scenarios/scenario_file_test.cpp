@@ -222,7 +222,40 @@ TEST(ScenarioFile, RejectsATorchScriptModelWithoutAFile) {
   EXPECT_TRUE(rejects("[[scenario]]\nname = \"s\"\nmodel = \"torchscript:\"\n",
                       "model names no file"));
   EXPECT_TRUE(rejects("[[scenario]]\nname = \"s\"\nmodel = \"scripted\"\n",
-                      "(or \"torchscript:PATH\")"));
+                      "(or \"torchscript:PATH\", \"python:FILE.py:FUNCTION\")"));
+}
+
+TEST(ScenarioFile, APythonModelNamesAFileBesideTheScenarioFileAndAFunction) {
+  const auto list = parse_scenarios("[[scenario]]\nname = \"s\"\nvalid_tokens = [[5]]\n"
+                                    "model = \"python:models/lm.py:tiny_lm\"\n",
+                                    "/work/project/scenarios.toml");
+  ASSERT_EQ(list.size(), 1u);
+  EXPECT_EQ(list[0].model, ModelKind::python);
+  EXPECT_EQ(list[0].model_file, "/work/project/models/lm.py");
+  EXPECT_EQ(list[0].model_function, "tiny_lm");
+  EXPECT_NE(describe(list[0]).find("model=python:/work/project/models/lm.py:tiny_lm"), std::string::npos);
+  // A colon in a folder's name belongs to the folder.
+  const auto colons = parse_scenarios("[[scenario]]\nname = \"s\"\nvalid_tokens = [[5]]\n"
+                                      "model = \"python:/opt/a:b/lm.py:build\"\n",
+                                      "here/scenarios.toml");
+  EXPECT_EQ(colons[0].model_file, "/opt/a:b/lm.py");
+  EXPECT_EQ(colons[0].model_function, "build");
+  // Written back, read back: the same scenario.
+  const auto again = parse_scenarios(scenario_table(list[0]), "/elsewhere/s.toml");
+  ASSERT_EQ(again.size(), 1u);
+  EXPECT_EQ(again[0].model_file, "/work/project/models/lm.py");
+  EXPECT_EQ(again[0].model_function, "tiny_lm");
+}
+
+TEST(ScenarioFile, RejectsAPythonModelWithoutAFileOrAFunction) {
+  EXPECT_TRUE(rejects("[[scenario]]\nname = \"s\"\nmodel = \"python\"\n",
+                      "model needs a file and a function: \"python:FILE.py:FUNCTION\""));
+  EXPECT_TRUE(rejects("[[scenario]]\nname = \"s\"\nmodel = \"python:\"\n",
+                      "model names no file"));
+  EXPECT_TRUE(rejects("[[scenario]]\nname = \"s\"\nmodel = \"python:lm.py\"\n",
+                      "model names no function in 'lm.py'"));
+  EXPECT_TRUE(rejects("[[scenario]]\nname = \"s\"\nmodel = \"python:lm.py:\"\n",
+                      "model names no function in 'lm.py'"));
 }
 
 TEST(ScenarioFile, MissingFileIsAnInputError) {

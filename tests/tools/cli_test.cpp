@@ -113,6 +113,34 @@ TEST(Cli, ScenarioFileWithATorchScriptModel) {
   EXPECT_TRUE(contains(missing.output, "nowhere.pt' does not exist")) << explain(missing_args, missing);
 }
 
+// A scenario file names a Python file's model beside it (examples/python/models.toml); a
+// model that cannot be trained stops the run with exit 2 before any row runs, naming it.
+TEST(Cli, ScenarioFileWithAPythonModel) {
+  const std::string examples = GRADNORM_SOURCE_DIR "/examples/python/";
+  const std::vector<std::string> args = {"run", "-f", examples + "models.toml", "-v", "baseline",
+                                         "-v", "skip", "-v", "broken/scale-pass-dropped"};
+  const CliResult r = run_cli(args);
+  EXPECT_EQ(r.exit_code, 0) << explain(args, r);
+  EXPECT_TRUE(contains(r.output, "6 rows: 3 pass, 3 fail")) << explain(args, r);
+  EXPECT_TRUE(contains(r.output, "negative controls caught 2/2")) << explain(args, r);
+  EXPECT_TRUE(contains(r.output, "documented findings reproduced 1; unexpected 0")) << explain(args, r);
+
+  TemporaryDirectory folder("gradnorm-cli");
+  const std::string file = (folder.path() / "bad.toml").string();
+  const std::string out = (folder.path() / "report.json").string();
+  std::ofstream(file) << "[[scenario]]\nname = \"py/ok\"\nvalid_tokens = [[5]]\n"
+                         "model = \"python:" << examples << "tiny_transformer.py:tiny_transformer\"\n"
+                         "[[scenario]]\nname = \"py/typo\"\nvalid_tokens = [[5]]\n"
+                         "model = \"python:" << examples << "tiny_transformer.py:tiny_transfomer\"\n";
+  const std::vector<std::string> bad_args = {"run", "-f", file, "--json", out};
+  const CliResult bad = run_cli(bad_args);
+  EXPECT_EQ(bad.exit_code, 2) << explain(bad_args, bad);
+  EXPECT_TRUE(contains(bad.output, "scenario 'py/typo': model 'python:")) << explain(bad_args, bad);
+  EXPECT_TRUE(contains(bad.output, "defines no function 'tiny_transfomer'")) << explain(bad_args, bad);
+  EXPECT_FALSE(contains(bad.output, "py/ok ")) << explain(bad_args, bad);  // no row ran
+  EXPECT_FALSE(std::filesystem::exists(out)) << explain(bad_args, bad);
+}
+
 TEST(Cli, FuzzRunsEveryPropertyAndReplaysFromItsSeed) {
   const std::vector<std::string> args = {"fuzz", "--cases", "5", "--seed", "3"};
   const CliResult first = run_cli(args);

@@ -25,6 +25,7 @@
 #include <unordered_map>
 
 #include "gradnorm/harness/determinism.hpp"
+#include "gradnorm/harness/model.hpp"
 #include "gradnorm/harness/variant.hpp"
 #include "gradnorm/oracles/evaluation.hpp"
 #include "gradnorm/oracles/oracle.hpp"
@@ -457,6 +458,12 @@ void check_before_running(const std::vector<scenarios::Scenario>& scenario_list,
       }
     }
   }
+  // A model from a file is loaded, built and checked now, once per process and before any
+  // row runs: a bad file is an input error, and a Python model's random draws are made
+  // here, one build at a time, never beside a running step (python/src/python_model.cpp).
+  for (const scenarios::Scenario& s : scenario_list) {
+    if (scenarios::model_from_file(s.model)) (void)harness::make_model(s, harness::ModelConfig{s.model});
+  }
   // Memory: ranks as threads hold every rank in this process; a rank process holds one, and
   // the supervisor's W processes share this machine.
   const MemoryBudget budget = memory_budget(options.memory_budget);
@@ -681,8 +688,14 @@ int explain_command(const std::string& name, const std::vector<std::string>& var
 namespace gradnorm::tools {
 
 int run_command_line(int argc, char** argv) {
-  // Rank processes make their c10d Gloo groups through torch.distributed (gloo_groups.hpp).
+  // The program ends when this returns (python::hold_interpreter_until_exit says why).
+  struct HoldInterpreterAtReturn {
+    ~HoldInterpreterAtReturn() { python::hold_interpreter_until_exit(); }
+  } hold_at_return;
+  // Rank processes make their c10d Gloo groups through torch.distributed (gloo_groups.hpp);
+  // models from Python files are built by the same interpreter (harness/model.hpp).
   python::install_gloo_groups();
+  python::install_python_models();
   CLI::App app{"gradnorm: proves whether a training step normalises losses and gradients like "
                "a float64 oracle"};
   app.require_subcommand(1);

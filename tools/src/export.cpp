@@ -58,6 +58,7 @@ Dict scenario_fields(const scenarios::Scenario& s) {
   d.insert("dtype", std::string(to_string(s.dtype)));
   d.insert("model", std::string(to_string(s.model)));
   d.insert("model_file", s.model_file);
+  d.insert("model_function", s.model_function);
   d.insert("loss", std::string(to_string(s.loss)));
   d.insert("optimizer", std::string(to_string(s.optimizer)));
   d.insert("learning_rate", s.learning_rate);

@@ -1,10 +1,12 @@
 #pragma once
 // Models: the built-in zoo (small models whose parameters, gradients and forward pass live
-// in the scenario's dtype) and TorchScript modules from files. The recipe under test decides
+// in the scenario's dtype), TorchScript modules from files and torch.nn.Modules built by a
+// function in a Python file (gradnorm::python provides those). The recipe under test decides
 // which changes it makes to the scenario's model (model_config_for).
 
 #include <ATen/core/Tensor.h>
 
+#include <functional>
 #include <memory>
 #include <string>
 #include <vector>
@@ -15,8 +17,8 @@
 namespace gradnorm::harness {
 
 struct ModelConfig {
-  // causal_lm, linear_head, token_probe or torchscript; scenarios::ModelKind::lora is
-  // causal_lm with adapters.
+  // causal_lm, linear_head, token_probe, torchscript or python; scenarios::ModelKind::lora
+  // is causal_lm with adapters.
   scenarios::ModelKind base = scenarios::ModelKind::causal_lm;
   // LoRA: base weights frozen, trainable low-rank adapters on every linear.
   bool lora = false;
@@ -60,9 +62,16 @@ class Model {
 
 // The scenario's model with the recipe's changes (`config`): one of the built-in models,
 // with parameters drawn from the scenario's seed in float64 and rounded once to its dtype;
-// or the scenario's TorchScript file, loaded and converted to its dtype. Throws
-// scenarios::InvalidInput naming the file for a TorchScript module it cannot train.
+// the scenario's TorchScript file, loaded and converted to its dtype; or the module its
+// Python file's function builds (through the loader set below), converted to its dtype.
+// Throws scenarios::InvalidInput naming the file for a model it cannot train.
 [[nodiscard]] std::unique_ptr<Model> make_model(const scenarios::Scenario& scenario,
                                                 ModelConfig config);
+
+// Builds a model = "python:FILE.py:FUNCTION" scenario's model. The harness has no Python of
+// its own: gradnorm::python sets this (python::install_python_models); until then such a
+// scenario is an input error. Called from any thread; must be safe to call concurrently.
+using PythonModelLoader = std::function<std::unique_ptr<Model>(const scenarios::Scenario&)>;
+void set_python_model_loader(PythonModelLoader loader);
 
 }  // namespace gradnorm::harness

@@ -56,6 +56,19 @@ void set_step_timeout(std::chrono::milliseconds timeout);
 // default group, so a Python step on a rank process uses the real process group.
 void install_gloo_groups();
 
+// Lets harness::make_model build model = "python:FILE.py:FUNCTION" scenarios in this
+// process's interpreter (harness/model.hpp): FUNCTION(vocab_size=, hidden_size=,
+// sequence_length=) returns a torch.nn.Module mapping token ids [B, T] to logits [B, T, V].
+// gradnorm::tools::run_command_line calls it. A file, function or module a step cannot
+// train (missing, raising, wrong logits, non-floating or no trainable parameters) is a
+// scenarios::InvalidInput naming the scenario and the file.
+void install_python_models();
+
+// Takes the interpreter's GIL for good, if it was started: call on the main thread once
+// nothing runs any more, just before the process exits (run_command_line does), so that
+// torch's thread-local Python objects can be destroyed at exit.
+void hold_interpreter_until_exit();
+
 // "candidate" or "reference"; throws InvalidInput for anything else.
 [[nodiscard]] harness::Role parse_python_role(const std::string& text);
 

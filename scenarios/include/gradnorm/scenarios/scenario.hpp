@@ -24,7 +24,15 @@ enum class DType { float64, float32, bfloat16 };
 // token's gradient lands in its own row and its effective weight can be read off exactly.
 // torchscript: a scripted module from a file (model_file), token ids [B, T] -> logits
 // [B, T, V], trained as it is.
-enum class ModelKind { causal_lm, linear_head, lora, token_probe, torchscript };
+// python: the torch.nn.Module a function in a Python file returns (model_file,
+// model_function), called with vocab_size, hidden_size and sequence_length; trained as it is.
+enum class ModelKind { causal_lm, linear_head, lora, token_probe, torchscript, python };
+
+// The models that come from a user's file, trained as they are (no LoRA, no fake
+// quantisation, no teacher): TorchScript archives and Python functions.
+[[nodiscard]] constexpr bool model_from_file(ModelKind kind) {
+  return kind == ModelKind::torchscript || kind == ModelKind::python;
+}
 // How the loss forms its mean; decides what an all-masked batch does (docs/design.md §1).
 //   mean_ce   : PyTorch cross_entropy(reduction=mean): NaN value, zero gradients.
 //   chunked_ce: sum of per-chunk CE sums / total valid count: NaN value (0/0), zero
@@ -95,7 +103,8 @@ struct Scenario {
   int loss_chunks = 2;  // chunks of the chunked loss along the sequence
   DType dtype = DType::float32;
   ModelKind model = ModelKind::causal_lm;
-  std::string model_file;  // the TorchScript archive when model is torchscript
+  std::string model_file;      // the TorchScript archive or the Python file (model_from_file)
+  std::string model_function;  // the function in model_file that builds a python model
   LossKind loss = LossKind::mean_ce;
   OptimizerKind optimizer = OptimizerKind::sgd;
   double learning_rate = 0.5;
@@ -130,7 +139,8 @@ struct Scenario {
 void validate(const Scenario& scenario);
 
 // Trainable and frozen parameter elements of the scenario's model, per rank (a TorchScript
-// model's from its archive's size, at four bytes an element).
+// model's from its archive's size, at four bytes an element; a Python model's are known
+// only once its function has run, and count as none here).
 [[nodiscard]] double parameter_elements(const Scenario& scenario);
 // An upper estimate, in bytes, of the memory one process takes to run the scenario with
 // `ranks_in_process` of its ranks in it (all of them as threads, one as a rank process):
@@ -141,6 +151,9 @@ void validate(const Scenario& scenario);
 
 // One line that reads as the scenario: used by rapidcheck and by reports.
 [[nodiscard]] std::string describe(const Scenario& scenario);
+// The model as a scenario file names it: "causal_lm", "torchscript:PATH",
+// "python:FILE.py:FUNCTION".
+[[nodiscard]] std::string model_name(const Scenario& scenario);
 // Prints describe() and then scenario_table(): GoogleTest and rapidcheck show a
 // counter-example as a scenario, and as the [[scenario]] table that replays it.
 std::ostream& operator<<(std::ostream& out, const Scenario& scenario);

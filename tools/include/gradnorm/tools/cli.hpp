@@ -13,7 +13,8 @@ namespace gradnorm::tools {
 
 // Parses argv as `gradnorm` does and runs the command. Returns the exit status: 0 every
 // row as expected, 1 a verdict was not what was expected of it, 2 a usage or input error,
-// 3 a rank failed (threw outside the recipe, exited or hung).
+// 3 a rank failed (threw outside the recipe, exited or hung). Return its status from main:
+// on return the embedded Python's GIL stays with this thread until the process exits.
 int run_command_line(int argc, char** argv);
 
 }  // namespace gradnorm::tools

@@ -1,0 +1,119 @@
+#include "interpreter.hpp"
+
+#include <fmt/format.h>
+
+#include <atomic>
+#include <cstdlib>
+#include <mutex>
+
+#include "gradnorm/harness/runner.hpp"
+#include "gradnorm/scenarios/scenario.hpp"
+
+PYBIND11_EMBEDDED_MODULE(_gradnorm_native, m) { gradnorm::python::detail::define_native_module(m); }
+
+namespace gradnorm::python::detail {
+
+extern const char* const kEmbeddedModuleSource;  // python/gradnorm_torch.py, compiled in
+
+using scenarios::InvalidInput;
+
+const std::string& python_executable() {
+  static const std::string path = [] {
+    const char* chosen = std::getenv("GRADNORM_PYTHON");
+    return std::string(chosen != nullptr && *chosen != '\0' ? chosen : GRADNORM_DEFAULT_PYTHON);
+  }();
+  return path;
+}
+
+namespace {
+std::atomic<bool> started{false};
+}  // namespace
+
+bool Interpreter::started() { return detail::started.load(); }
+
+Interpreter& Interpreter::get() {
+  static Interpreter* instance = nullptr;
+  static std::string failure;
+  static std::once_flag once;
+  std::call_once(once, [] {
+    try {
+      instance = new Interpreter();
+      detail::started = true;
+    } catch (const std::exception& error) {
+      failure = error.what();
+    }
+  });
+  if (instance == nullptr) throw InvalidInput("cannot start the embedded Python: " + failure);
+  return *instance;
+}
+
+Interpreter::Interpreter() {
+  // The environment's Python (docs/design.md §5): told that its executable is the venv's
+  // bin/python, CPython reads the pyvenv.cfg beside it and takes that environment's
+  // site-packages, where its torch is. No signal handlers: the harness and its supervisor
+  // own SIGINT and SIGTERM.
+  PyConfig config;
+  PyConfig_InitPythonConfig(&config);
+  config.parse_argv = 0;
+  config.install_signal_handlers = 0;
+  const std::string& executable = python_executable();
+  if (PyStatus status = PyConfig_SetBytesString(&config, &config.executable, executable.c_str());
+      PyStatus_Exception(status)) {
+    PyConfig_Clear(&config);
+    throw std::runtime_error(fmt::format("the interpreter path {} cannot be used", executable));
+  }
+  py::initialize_interpreter(&config, 0, nullptr, /*add_program_dir_to_path=*/false);
+  try {
+    py::module_::import("torch");  // before any tensor is wrapped
+    py::module_::import("_gradnorm_native");  // registers RankHandle
+    py::module_ sys = py::module_::import("sys");
+    py::object module = py::module_::import("types").attr("ModuleType")("gradnorm_torch");
+    module.attr("__file__") = "gradnorm_torch.py";
+    sys.attr("modules")["gradnorm_torch"] = module;
+    // Compiled under its own name, so tracebacks through it read gradnorm_torch.py.
+    py::module_ builtins = py::module_::import("builtins");
+    builtins.attr("exec")(
+        builtins.attr("compile")(detail::kEmbeddedModuleSource, "gradnorm_torch.py", "exec"),
+        module.attr("__dict__"));
+    module.attr("embed")();  // guards that hold inside gradnorm only
+    runtime_ = module.release().ptr();
+    py::register_exception_translator([](std::exception_ptr raised) {
+      try {
+        if (raised) std::rethrow_exception(raised);
+      } catch (const Interrupted&) {
+        py::object interrupt = Interpreter::get().runtime().attr("HarnessInterrupt");
+        PyErr_SetString(interrupt.ptr(), "the harness stopped this step");
+      } catch (const TorchCallError& error) {
+        py::object torch_error = Interpreter::get().runtime().attr("TorchError");
+        PyErr_SetString(torch_error.ptr(), error.what());
+      }
+    });
+  } catch (const py::error_already_set& error) {
+    throw InvalidInput(fmt::format("importing torch and gradnorm_torch failed: {} (the "
+                                   "environment is {}: is torch installed there? "
+                                   "scripts/install-deps.sh makes it; GRADNORM_PYTHON "
+                                   "names another)",
+                                   harness::first_line(error.what()), python_executable()));
+  }
+  PyEval_SaveThread();
+}
+
+py::object exception_of(py::error_already_set& error) {
+  py::object value = error.value();
+  if (error.trace()) PyException_SetTraceback(value.ptr(), error.trace().ptr());
+  return value;
+}
+
+std::pair<std::string, std::string> describe(py::error_already_set& error, const std::string& file,
+                                             PyObject* function) {
+  try {
+    return Interpreter::get().runtime().attr("describe")(
+        exception_of(error), file, function ? py::handle(function) : py::handle(Py_None))
+        .cast<std::pair<std::string, std::string>>();
+  } catch (const std::exception& inner) {
+    return {"Exception", fmt::format("an exception gradnorm could not describe ({})",
+                                     harness::first_line(inner.what()))};
+  }
+}
+
+}  // namespace gradnorm::python::detail

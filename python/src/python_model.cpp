@@ -1,0 +1,265 @@
+// Models from Python files (model = "python:FILE.py:FUNCTION"): the torch.nn.Module a
+// user's function returns, trained as it is. Its parameters are the module's own tensors
+// (torch's caster wraps the very TensorImpl), so what the harness's optimizer updates and
+// records is what the module computes with; every forward runs the module's own Python.
+//
+// Determinism: each distinct model is built once per process, before any row runs
+// (tools' preflight), with torch's generator seeded from the scenario's seed; every rank's
+// model and the oracle's float64 twin are deep copies of that one build.
+#include "python_model.hpp"
+
+#include "gradnorm/python/python_step.hpp"
+#include "interpreter.hpp"
+
+#include <pybind11/stl.h>
+
+#include <ATen/ATen.h>
+#include <ATen/core/grad_mode.h>
+#include <fmt/format.h>
+#include <fmt/ranges.h>
+
+#include <filesystem>
+#include <map>
+#include <mutex>
+#include <set>
+
+#include "gradnorm/harness/runner.hpp"
+#include "gradnorm/harness/step.hpp"
+
+namespace py = pybind11;
+
+namespace gradnorm::python {
+namespace {
+
+using detail::describe;
+using detail::Interpreter;
+using scenarios::InvalidInput;
+
+std::string dtype_name(const scenarios::Scenario& s) { return std::string(to_string(s.dtype)); }
+
+std::string shape_of(const at::Tensor& t) { return fmt::format("{}", t.sizes().vec()); }
+
+class PythonModel final : public harness::Model {
+ public:
+  // With the GIL held. `module` is this model's own (a copy no other model shares), its
+  // parameters in `dtype`; `scenario_dtype` is the scenario's (the oracle's twin is float64).
+  PythonModel(py::object module, const scenarios::Scenario& s, std::string dtype)
+      : module_(module.release().ptr()),
+        scenario_(s.name),
+        where_(fmt::format("python:{}:{}", s.model_file, s.model_function)),
+        file_(s.model_file),
+        dtype_(std::move(dtype)),
+        scenario_dtype_(to_string(s.dtype)) {
+    parameters_ = parameters_of(module_);
+  }
+  ~PythonModel() override {
+    py::gil_scoped_acquire gil;
+    Py_XDECREF(module_);
+  }
+  PythonModel& operator=(const PythonModel&) = delete;
+
+  const std::vector<harness::Parameter>& parameters() const override { return parameters_; }
+
+  at::Tensor logits(const harness::MicroBatch& batch) const override {
+    py::gil_scoped_acquire gil;
+    try {
+      return Interpreter::get()
+          .runtime()
+          .attr("model_logits")(py::handle(module_), batch.inputs, dtype_, scenario_dtype_)
+          .cast<at::Tensor>();
+    } catch (py::error_already_set& error) {
+      // The module cannot run on the scenario's own batches (it passed the check on token
+      // ids of zeros): neither the step nor the oracle can, so no verdict can be had.
+      const auto [type, message] = describe(error, file_);
+      throw InvalidInput(fmt::format("scenario '{}': model '{}' raised in forward on the "
+                                     "scenario's batches ({} parameters, token ids {}): {}: {}",
+                                     scenario_, where_, dtype_, shape_of(batch.inputs), type,
+                                     message));
+    }
+  }
+
+  std::unique_ptr<Model> converted(c10::ScalarType dtype) const override {
+    py::gil_scoped_acquire gil;
+    TORCH_INTERNAL_ASSERT(dtype == at::kDouble || dtype == at::kFloat || dtype == at::kBFloat16,
+                          "harness bug: a Python model converted to ", dtype);
+    const std::string name(dtype == at::kDouble     ? "float64"
+                           : dtype == at::kBFloat16 ? "bfloat16"
+                                                    : "float32");
+    py::object copy = Interpreter::get().runtime().attr("model_copy")(py::handle(module_), name);
+    auto twin = std::unique_ptr<PythonModel>(new PythonModel(*this));
+    twin->module_ = copy.release().ptr();
+    twin->dtype_ = name;
+    twin->parameters_ = parameters_of(twin->module_);
+    return twin;
+  }
+
+  // The module itself: what a Python step's ctx.model is.
+  [[nodiscard]] py::object module() const { return py::reinterpret_borrow<py::object>(module_); }
+
+ private:
+  // Copies the names only (converted() then gives the copy its own module).
+  PythonModel(const PythonModel& other)
+      : module_(nullptr),
+        scenario_(other.scenario_),
+        where_(other.where_),
+        file_(other.file_),
+        dtype_(other.dtype_),
+        scenario_dtype_(other.scenario_dtype_) {}
+
+  // The module's parameters in named_parameters order (shared ones once), as its tensors.
+  static std::vector<harness::Parameter> parameters_of(PyObject* module) {
+    std::vector<harness::Parameter> out;
+    for (py::handle item : py::handle(module).attr("named_parameters")()) {
+      const auto pair = item.cast<py::tuple>();
+      const auto tensor = pair[1].cast<at::Tensor>();
+      out.push_back(harness::Parameter{pair[0].cast<std::string>(), tensor, tensor.requires_grad()});
+    }
+    return out;
+  }
+
+  PyObject* module_;
+  std::string scenario_;
+  std::string where_;  // "python:FILE:FUNCTION"
+  std::string file_;
+  std::string dtype_;  // the parameters' ("float32")
+  std::string scenario_dtype_;
+  std::vector<harness::Parameter> parameters_;
+};
+
+// Each distinct model, built once per process and never released (like loaded steps, its
+// Python objects outlive static destruction).
+struct Built {
+  PyObject* prototype = nullptr;
+  std::set<std::pair<std::string, long>> checked;  // (dtype, micro_batch_size) validated
+};
+
+std::string module_name_for(const std::string& file) {
+  static int counter = 0;  // under build_mutex
+  std::string stem = std::filesystem::path(file).stem().string();
+  for (char& c : stem) {
+    if (!std::isalnum(static_cast<unsigned char>(c))) c = '_';
+  }
+  return fmt::format("gradnorm_model_{}_{}", counter++, stem);
+}
+
+// Taken before the GIL, never while holding it: a thread holding the GIL never waits here.
+std::mutex build_mutex;
+
+std::unique_ptr<harness::Model> load_python_model(const scenarios::Scenario& s) {
+  const std::string where = fmt::format("python:{}:{}", s.model_file, s.model_function);
+  auto refuse = [&](const std::string& why) {
+    return InvalidInput(fmt::format("scenario '{}': model '{}' {}", s.name, where, why));
+  };
+  std::error_code ignored;
+  if (!std::filesystem::exists(s.model_file, ignored)) throw refuse(fmt::format("names '{}', which does not exist", s.model_file));
+  if (!std::filesystem::is_regular_file(s.model_file, ignored)) {
+    throw refuse(fmt::format("names '{}', which is not a regular file", s.model_file));
+  }
+
+  std::lock_guard lock(build_mutex);
+  static auto& built = *new std::map<std::string, Built>();
+  static auto& functions = *new std::map<std::pair<std::string, std::string>, PyObject*>();
+  Interpreter& interpreter = Interpreter::get();
+  py::gil_scoped_acquire gil;
+  py::module_ runtime = interpreter.runtime();
+
+  const auto source = std::make_pair(s.model_file, s.model_function);
+  if (!functions.count(source)) {
+    try {
+      functions[source] = runtime.attr("load_step")(s.model_file, s.model_function,
+                                                    module_name_for(s.model_file))
+                              .release()
+                              .ptr();
+    } catch (py::error_already_set& error) {
+      const auto [type, message] = describe(error, s.model_file);
+      throw refuse(fmt::format("does not load: {}: {}", type, message));
+    }
+  }
+  const std::string key = fmt::format("{}\n{}\nV={} H={} T={} seed={}", s.model_file,
+                                      s.model_function, s.vocab_size, s.hidden_size,
+                                      s.sequence_length, s.seed);
+  Built& entry = built[key];
+  if (entry.prototype == nullptr) {
+    try {
+      entry.prototype = runtime
+                            .attr("build_model")(py::handle(functions[source]), s.model_file,
+                                                 where, s.vocab_size, s.hidden_size,
+                                                 s.sequence_length, s.seed)
+                            .release()
+                            .ptr();
+    } catch (py::error_already_set& error) {
+      const auto [type, message] = describe(error, s.model_file);
+      built.erase(key);
+      throw refuse(fmt::format("could not be built with vocab_size={}, hidden_size={}, "
+                               "sequence_length={}: {}: {}",
+                               s.vocab_size, s.hidden_size, s.sequence_length, type, message));
+    }
+  }
+
+  const std::string dtype = dtype_name(s);
+  py::object copy;
+  try {
+    copy = runtime.attr("model_copy")(py::handle(entry.prototype), dtype);
+  } catch (py::error_already_set& error) {
+    const auto [type, message] = describe(error, s.model_file);
+    throw refuse(fmt::format("cannot be copied and converted to {}: {}: {}", dtype, type, message));
+  }
+  auto model = std::make_unique<PythonModel>(copy, s, dtype);
+  if (entry.checked.count({dtype, s.micro_batch_size})) return model;
+
+  // What a step relies on, checked once per dtype and batch size.
+  bool any_trainable = false;
+  for (const harness::Parameter& p : model->parameters()) {
+    if (!p.value.is_floating_point()) {
+      throw refuse(fmt::format("has parameter '{}' of type {}: every parameter must be floating "
+                               "point",
+                               p.name, c10::toString(p.value.scalar_type())));
+    }
+    any_trainable = any_trainable || p.trainable;
+  }
+  if (model->parameters().empty()) throw refuse("has no parameters: nothing to train");
+  if (!any_trainable) throw refuse("has no parameter that requires grad: nothing to train");
+  const at::Tensor ids =
+      at::zeros({s.micro_batch_size, s.sequence_length}, at::TensorOptions().dtype(at::kLong));
+  // The step's model and the oracle's float64 twin.
+  const std::string scenario_dtype = dtype_name(s);
+  std::vector<std::string> dtypes{dtype};
+  if (dtype != "float64") dtypes.emplace_back("float64");
+  for (const std::string& as : dtypes) {
+    at::Tensor logits;
+    try {
+      at::NoGradGuard no_grad;
+      const py::object module = as == dtype ? model->module()
+                                            : runtime.attr("model_copy")(model->module(), as);
+      logits = runtime.attr("model_logits")(module, ids, as, scenario_dtype).cast<at::Tensor>();
+    } catch (py::error_already_set& error) {
+      const auto [type, message] = describe(error, s.model_file);
+      throw refuse(fmt::format("cannot run forward(token ids {}) with {} parameters{}: {}: {}",
+                               shape_of(ids), as,
+                               as == dtype ? "" : " (the oracle's twin)", type, message));
+    }
+    const std::vector<long> want{s.micro_batch_size, s.sequence_length, s.vocab_size};
+    if (logits.sizes().vec() != want) {
+      throw refuse(fmt::format("maps token ids {} to logits {}; expected [{}, {}, {}] "
+                               "(micro_batch_size, sequence_length, vocab_size)",
+                               shape_of(ids), shape_of(logits), want[0], want[1], want[2]));
+    }
+  }
+  entry.checked.insert({dtype, s.micro_batch_size});
+  return model;
+}
+
+}  // namespace
+
+namespace detail {
+
+py::object module_of(const harness::Model& model) {
+  if (const auto* python = dynamic_cast<const PythonModel*>(&model)) return python->module();
+  return py::none();
+}
+
+}  // namespace detail
+
+void install_python_models() { harness::set_python_model_loader(&load_python_model); }
+
+}  // namespace gradnorm::python
