@@ -1,0 +1,18 @@
+"""torchtune's own Llama 3 decoder, built by the installed torchtune's public builder, as a
+gradnorm model (model = "python:tiny_llama.py:tiny_llama"): two layers, grouped-query
+attention with rotary embeddings, RMSNorm, SwiGLU, sized by the scenario.
+
+    gradnorm run -f examples/torchtune/models.toml -v baseline -v skip -v 'broken/*'
+
+torchtune's TransformerDecoder casts its logits to float32 (modules/transformer.py, unembed)
+and its RMSNorm computes in float32, so float64 scenarios refuse it: the oracle's float64
+twin would not be float64 inside.
+"""
+
+from torchtune.models.llama3 import llama3
+
+
+def tiny_llama(vocab_size, hidden_size, sequence_length):
+    return llama3(vocab_size=vocab_size, num_layers=2, num_heads=2, num_kv_heads=1,
+                  embed_dim=hidden_size, max_seq_len=sequence_length,
+                  intermediate_dim=2 * hidden_size)
