@@ -3,7 +3,9 @@
 #include <fmt/format.h>
 
 #include <atomic>
+#include <cctype>
 #include <cstdlib>
+#include <filesystem>
 #include <mutex>
 
 #include "gradnorm/harness/runner.hpp"
@@ -96,6 +98,17 @@ Interpreter::Interpreter() {
                                    harness::first_line(error.what()), python_executable()));
   }
   PyEval_SaveThread();
+}
+
+std::string module_name_for(const std::string& kind, const std::string& file) {
+  static std::mutex mutex;
+  static int counter = 0;
+  std::lock_guard lock(mutex);
+  std::string stem = std::filesystem::path(file).stem().string();
+  for (char& c : stem) {
+    if (!std::isalnum(static_cast<unsigned char>(c))) c = '_';
+  }
+  return fmt::format("gradnorm_{}_{}_{}", kind, counter++, stem);
 }
 
 py::object exception_of(py::error_already_set& error) {

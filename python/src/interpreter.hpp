@@ -47,6 +47,10 @@ class Interpreter {
   PyObject* runtime_ = nullptr;
 };
 
+// A module name no other file loaded in this process has: "gradnorm_KIND_N_STEM" (KIND
+// "step" or "model", STEM the file's stem with every non-alphanumeric character as '_').
+[[nodiscard]] std::string module_name_for(const std::string& kind, const std::string& file);
+
 // Defines the _gradnorm_native module (RankHandle: what Python holds of a rank); in
 // python_step.cpp, registered by interpreter.cpp, so that any use of the interpreter links it.
 void define_native_module(py::module_& m);

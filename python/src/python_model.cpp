@@ -39,23 +39,38 @@ std::string dtype_name(const scenarios::Scenario& s) { return std::string(to_str
 
 std::string shape_of(const at::Tensor& t) { return fmt::format("{}", t.sizes().vec()); }
 
+// Where a model comes from, shared by a model and its float64 twin: what messages cite.
+struct Origin {
+  explicit Origin(const scenarios::Scenario& s)
+      : scenario(s.name),
+        where(fmt::format("python:{}:{}", s.model_file, s.model_function)),
+        file(s.model_file),
+        scenario_dtype(to_string(s.dtype)) {}
+  std::string scenario;
+  std::string where;  // "python:FILE:FUNCTION"
+  std::string file;
+  std::string scenario_dtype;  // the scenario's (the oracle's twin is float64)
+};
+
 class PythonModel final : public harness::Model {
  public:
   // With the GIL held. `module` is this model's own (a copy no other model shares), its
-  // parameters in `dtype`; `scenario_dtype` is the scenario's (the oracle's twin is float64).
-  PythonModel(py::object module, const scenarios::Scenario& s, std::string dtype)
-      : module_(module.release().ptr()),
-        scenario_(s.name),
-        where_(fmt::format("python:{}:{}", s.model_file, s.model_function)),
-        file_(s.model_file),
-        dtype_(std::move(dtype)),
-        scenario_dtype_(to_string(s.dtype)) {
-    parameters_ = parameters_of(module_);
+  // parameters in `dtype`.
+  PythonModel(py::object module, Origin origin, std::string dtype)
+      : module_(module.release().ptr()), origin_(std::move(origin)), dtype_(std::move(dtype)) {
+    // The module's parameters in named_parameters order (shared ones once), as its tensors.
+    for (py::handle item : py::handle(module_).attr("named_parameters")()) {
+      const auto pair = item.cast<py::tuple>();
+      const auto tensor = pair[1].cast<at::Tensor>();
+      parameters_.push_back(
+          harness::Parameter{pair[0].cast<std::string>(), tensor, tensor.requires_grad()});
+    }
   }
   ~PythonModel() override {
     py::gil_scoped_acquire gil;
-    Py_XDECREF(module_);
+    Py_DECREF(module_);
   }
+  PythonModel(const PythonModel&) = delete;
   PythonModel& operator=(const PythonModel&) = delete;
 
   const std::vector<harness::Parameter>& parameters() const override { return parameters_; }
@@ -65,16 +80,16 @@ class PythonModel final : public harness::Model {
     try {
       return Interpreter::get()
           .runtime()
-          .attr("model_logits")(py::handle(module_), batch.inputs, dtype_, scenario_dtype_)
+          .attr("model_logits")(py::handle(module_), batch.inputs, dtype_, origin_.scenario_dtype)
           .cast<at::Tensor>();
     } catch (py::error_already_set& error) {
       // The module cannot run on the scenario's own batches (it passed the check on token
       // ids of zeros): neither the step nor the oracle can, so no verdict can be had.
-      const auto [type, message] = describe(error, file_);
+      const auto [type, message] = describe(error, origin_.file);
       throw InvalidInput(fmt::format("scenario '{}': model '{}' raised in forward on the "
                                      "scenario's batches ({} parameters, token ids {}): {}: {}",
-                                     scenario_, where_, dtype_, shape_of(batch.inputs), type,
-                                     message));
+                                     origin_.scenario, origin_.where, dtype_,
+                                     shape_of(batch.inputs), type, message));
     }
   }
 
@@ -86,43 +101,16 @@ class PythonModel final : public harness::Model {
                            : dtype == at::kBFloat16 ? "bfloat16"
                                                     : "float32");
     py::object copy = Interpreter::get().runtime().attr("model_copy")(py::handle(module_), name);
-    auto twin = std::unique_ptr<PythonModel>(new PythonModel(*this));
-    twin->module_ = copy.release().ptr();
-    twin->dtype_ = name;
-    twin->parameters_ = parameters_of(twin->module_);
-    return twin;
+    return std::make_unique<PythonModel>(std::move(copy), origin_, name);
   }
 
   // The module itself: what a Python step's ctx.model is.
   [[nodiscard]] py::object module() const { return py::reinterpret_borrow<py::object>(module_); }
 
  private:
-  // Copies the names only (converted() then gives the copy its own module).
-  PythonModel(const PythonModel& other)
-      : module_(nullptr),
-        scenario_(other.scenario_),
-        where_(other.where_),
-        file_(other.file_),
-        dtype_(other.dtype_),
-        scenario_dtype_(other.scenario_dtype_) {}
-
-  // The module's parameters in named_parameters order (shared ones once), as its tensors.
-  static std::vector<harness::Parameter> parameters_of(PyObject* module) {
-    std::vector<harness::Parameter> out;
-    for (py::handle item : py::handle(module).attr("named_parameters")()) {
-      const auto pair = item.cast<py::tuple>();
-      const auto tensor = pair[1].cast<at::Tensor>();
-      out.push_back(harness::Parameter{pair[0].cast<std::string>(), tensor, tensor.requires_grad()});
-    }
-    return out;
-  }
-
   PyObject* module_;
-  std::string scenario_;
-  std::string where_;  // "python:FILE:FUNCTION"
-  std::string file_;
+  Origin origin_;
   std::string dtype_;  // the parameters' ("float32")
-  std::string scenario_dtype_;
   std::vector<harness::Parameter> parameters_;
 };
 
@@ -132,15 +120,6 @@ struct Built {
   PyObject* prototype = nullptr;
   std::set<std::pair<std::string, long>> checked;  // (dtype, micro_batch_size) validated
 };
-
-std::string module_name_for(const std::string& file) {
-  static int counter = 0;  // under build_mutex
-  std::string stem = std::filesystem::path(file).stem().string();
-  for (char& c : stem) {
-    if (!std::isalnum(static_cast<unsigned char>(c))) c = '_';
-  }
-  return fmt::format("gradnorm_model_{}_{}", counter++, stem);
-}
 
 // Taken before the GIL, never while holding it: a thread holding the GIL never waits here.
 std::mutex build_mutex;
@@ -167,7 +146,7 @@ std::unique_ptr<harness::Model> load_python_model(const scenarios::Scenario& s) 
   if (!functions.count(source)) {
     try {
       functions[source] = runtime.attr("load_step")(s.model_file, s.model_function,
-                                                    module_name_for(s.model_file))
+                                                    detail::module_name_for("model", s.model_file))
                               .release()
                               .ptr();
     } catch (py::error_already_set& error) {
@@ -204,7 +183,7 @@ std::unique_ptr<harness::Model> load_python_model(const scenarios::Scenario& s) 
     const auto [type, message] = describe(error, s.model_file);
     throw refuse(fmt::format("cannot be copied and converted to {}: {}: {}", dtype, type, message));
   }
-  auto model = std::make_unique<PythonModel>(copy, s, dtype);
+  auto model = std::make_unique<PythonModel>(copy, Origin(s), dtype);
   if (entry.checked.count({dtype, s.micro_batch_size})) return model;
 
   // What a step relies on, checked once per dtype and batch size.
@@ -222,7 +201,6 @@ std::unique_ptr<harness::Model> load_python_model(const scenarios::Scenario& s) 
   const at::Tensor ids =
       at::zeros({s.micro_batch_size, s.sequence_length}, at::TensorOptions().dtype(at::kLong));
   // The step's model and the oracle's float64 twin.
-  const std::string scenario_dtype = dtype_name(s);
   std::vector<std::string> dtypes{dtype};
   if (dtype != "float64") dtypes.emplace_back("float64");
   for (const std::string& as : dtypes) {
@@ -231,7 +209,7 @@ std::unique_ptr<harness::Model> load_python_model(const scenarios::Scenario& s) 
       at::NoGradGuard no_grad;
       const py::object module = as == dtype ? model->module()
                                             : runtime.attr("model_copy")(model->module(), as);
-      logits = runtime.attr("model_logits")(module, ids, as, scenario_dtype).cast<at::Tensor>();
+      logits = runtime.attr("model_logits")(module, ids, as, dtype).cast<at::Tensor>();
     } catch (py::error_already_set& error) {
       const auto [type, message] = describe(error, s.model_file);
       throw refuse(fmt::format("cannot run forward(token ids {}) with {} parameters{}: {}: {}",

@@ -384,17 +384,6 @@ class PythonStep final : public harness::Step {
   PyObject* rank_ = nullptr;
 };
 
-std::string module_name_for(const std::string& file) {
-  static std::mutex mutex;
-  static int counter = 0;
-  std::lock_guard lock(mutex);
-  std::string stem = std::filesystem::path(file).stem().string();
-  for (char& c : stem) {
-    if (!std::isalnum(static_cast<unsigned char>(c))) c = '_';
-  }
-  return fmt::format("gradnorm_step_{}_{}", counter++, stem);
-}
-
 const LoadedStep& load(const StepSource& source) {
   static std::mutex mutex;
   // Never destroyed, like the steps it holds (their Python objects outlive static
@@ -414,7 +403,8 @@ const LoadedStep& load(const StepSource& source) {
   auto* step = new LoadedStep{source.file};
   try {
     py::object function =
-        runtime.attr("load_step")(source.file, source.function, module_name_for(source.file));
+        runtime.attr("load_step")(source.file, source.function,
+                                  detail::module_name_for("step", source.file));
     py::object module = py::module_::import("sys").attr("modules")[py::str(
         function.attr("__module__"))];
     if (py::hasattr(module, "cannot_run")) {
