@@ -573,8 +573,8 @@ def run_step(step, rank):
     handle = rank.handle
     context = StepContext(
         model=rank.model,
-        micro_batches=[{"tokens": tokens, "labels": labels}
-                       for tokens, labels in handle.micro_batches()],
+        micro_batches=[{"tokens": tokens, "labels": labels, "first_labels": first}
+                       for tokens, labels, first in handle.micro_batches()],
         loss_fn=handle.loss,
         optimizer=rank.optimizer,
         max_norm=handle.max_norm,

@@ -13,6 +13,8 @@ from torchtune.models.llama3 import llama3
 
 
 def tiny_llama(vocab_size, hidden_size, sequence_length):
-    return llama3(vocab_size=vocab_size, num_layers=2, num_heads=2, num_kv_heads=1,
+    # Rotary embeddings rotate pairs: each head's width must be even (hidden 6 takes one head).
+    num_heads = 2 if hidden_size % 4 == 0 else 1
+    return llama3(vocab_size=vocab_size, num_layers=2, num_heads=num_heads, num_kv_heads=1,
                   embed_dim=hidden_size, max_seq_len=sequence_length,
                   intermediate_dim=2 * hidden_size)

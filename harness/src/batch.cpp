@@ -78,7 +78,10 @@ RecentCache<MicroBatch, 256>& batch_cache() {
   return cache;
 }
 
-MicroBatch copy_of(const MicroBatch& b) { return MicroBatch{b.inputs.clone(), b.labels.clone(), b.valid_count}; }
+MicroBatch copy_of(const MicroBatch& b) {
+  return MicroBatch{b.inputs.clone(), b.labels.clone(), b.valid_count,
+                    b.first_labels.defined() ? b.first_labels.clone() : at::Tensor()};
+}
 
 MicroBatch draw_micro_batch(const scenarios::Scenario& s, int rank, int step, int micro);
 
@@ -86,9 +89,9 @@ MicroBatch draw_micro_batch(const scenarios::Scenario& s, int rank, int step, in
 
 MicroBatch make_micro_batch(const scenarios::Scenario& s, int rank, int step, int micro) {
   const std::string key = fmt::format(
-      "{} {} {} {} {} {} {} {} {} {} {} {} {}", s.seed, static_cast<int>(s.model),
+      "{} {} {} {} {} {} {} {} {} {} {} {} {} {}", s.seed, static_cast<int>(s.model),
       static_cast<int>(s.dtype), s.micro_batch_size, s.sequence_length, s.vocab_size,
-      s.hidden_size, static_cast<int>(s.mask), s.accumulation_steps,
+      s.hidden_size, static_cast<int>(s.mask), static_cast<int>(s.first_label), s.accumulation_steps,
       s.valid_tokens.at(rank).at(micro), rank, step, micro);
   if (std::optional<MicroBatch> cached = batch_cache().find(key)) return copy_of(*cached);
   MicroBatch out = draw_micro_batch(s, rank, step, micro);
@@ -134,6 +137,11 @@ MicroBatch draw_micro_batch(const scenarios::Scenario& s, int rank, int step, in
   out.valid_count = count;
   TORCH_INTERNAL_ASSERT(out.labels.ne(kIgnoreIndex).sum().item<long>() == count,
                         "harness bug: micro-batch holds the wrong number of valid labels");
+  // Drawn last, and only when valid, so every other draw (and every masked scenario's
+  // batches) is what it was before the field existed.
+  out.first_labels = s.first_label == scenarios::FirstLabel::valid
+                         ? at::randint(s.vocab_size, {batch}, generator, at::TensorOptions().dtype(at::kLong))
+                         : at::full({batch}, kIgnoreIndex, at::kLong);
   return out;
 }
 
@@ -155,6 +163,8 @@ MicroBatch make_mesh_micro_batch(const scenarios::Scenario& s, int rank, int ste
     keep.index_fill_(0, chunks[static_cast<std::size_t>(2 * s.cp - 1 - where.cp)], true);
     out.labels = at::where(keep.unsqueeze(0), out.labels, at::full_like(out.labels, kIgnoreIndex));
     out.valid_count = out.labels.ne(kIgnoreIndex).sum().item<long>();
+    // Position 0 lies in chunk 0, cp rank 0's.
+    if (where.cp != 0) out.first_labels.fill_(kIgnoreIndex);
   }
   return out;
 }

@@ -15,7 +15,8 @@ PYBIND11_EMBEDDED_MODULE(_gradnorm_native, m) { gradnorm::python::detail::define
 
 namespace gradnorm::python::detail {
 
-extern const char* const kEmbeddedModuleSource;  // python/gradnorm_torch.py, compiled in
+extern const char* const kEmbeddedModuleSource;   // python/gradnorm_torch.py, compiled in
+extern const char* const kEmbeddedRecipesSource;  // python/gradnorm_recipes.py, compiled in
 
 using scenarios::InvalidInput;
 
@@ -98,6 +99,27 @@ Interpreter::Interpreter() {
                                    harness::first_line(error.what()), python_executable()));
   }
   PyEval_SaveThread();
+}
+
+py::module_ Interpreter::recipes() {
+  // Called with the GIL held, which also serialises the first call.
+  if (recipes_ == nullptr) {
+    py::module_ sys = py::module_::import("sys");
+    py::object module = py::module_::import("types").attr("ModuleType")("gradnorm_recipes");
+    module.attr("__file__") = "gradnorm_recipes.py";
+    sys.attr("modules")["gradnorm_recipes"] = module;
+    py::module_ builtins = py::module_::import("builtins");
+    try {
+      builtins.attr("exec")(
+          builtins.attr("compile")(kEmbeddedRecipesSource, "gradnorm_recipes.py", "exec"),
+          module.attr("__dict__"));
+    } catch (py::error_already_set&) {
+      sys.attr("modules").attr("pop")("gradnorm_recipes");
+      throw;
+    }
+    recipes_ = module.release().ptr();
+  }
+  return py::reinterpret_borrow<py::module_>(recipes_);
 }
 
 std::string module_name_for(const std::string& kind, const std::string& file) {

@@ -41,10 +41,14 @@ class Interpreter {
 
   // gradnorm_torch; call with the GIL held.
   [[nodiscard]] py::module_ runtime() const { return py::reinterpret_borrow<py::module_>(runtime_); }
+  // gradnorm_recipes (real framework code, --recipe), compiled on first use; call with the
+  // GIL held.
+  [[nodiscard]] py::module_ recipes();
 
  private:
   Interpreter();
   PyObject* runtime_ = nullptr;
+  PyObject* recipes_ = nullptr;
 };
 
 // A module name no other file loaded in this process has: "gradnorm_KIND_N_STEM" (KIND

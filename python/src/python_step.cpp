@@ -67,7 +67,10 @@ py::dict scenario_facts(const scenarios::Scenario& s) {
   d["vocab_size"] = s.vocab_size;
   d["hidden_size"] = s.hidden_size;
   d["dtype"] = scenario_dtype(s);
+  d["first_label"] = std::string(to_string(s.first_label));
   d["model"] = std::string(to_string(s.model));
+  d["model_file"] = s.model_file;
+  d["model_function"] = s.model_function;
   d["loss"] = std::string(to_string(s.loss));
   d["loss_chunks"] = s.loss_chunks;
   d["optimizer"] = std::string(to_string(s.optimizer));
@@ -151,9 +154,11 @@ class RankHandle {
   }
   // The scenario's torch.nn.Module for a model from a Python file, else None.
   py::object python_model() const { return detail::module_of(context().model()); }
-  std::vector<std::pair<at::Tensor, at::Tensor>> micro_batches() const {
-    std::vector<std::pair<at::Tensor, at::Tensor>> out;
-    for (const harness::MicroBatch& b : context().micro_batches()) out.emplace_back(b.inputs, b.labels);
+  std::vector<std::tuple<at::Tensor, at::Tensor, at::Tensor>> micro_batches() const {
+    std::vector<std::tuple<at::Tensor, at::Tensor, at::Tensor>> out;
+    for (const harness::MicroBatch& b : context().micro_batches()) {
+      out.emplace_back(b.inputs, b.labels, b.first_labels);
+    }
     return out;
   }
   at::Tensor logits(const at::Tensor& tokens) {
@@ -227,6 +232,10 @@ struct LoadedStep {
   std::string file;  // as the user named it: messages cite it so
   PyObject* function = nullptr;
   PyObject* cannot_run = nullptr;  // null when the module defines none
+  // A recipe run keeps a greenlet suspended between the step's calls (gradnorm_recipes.py);
+  // a greenlet belongs to its thread's Python thread state, which must then live from the
+  // first call to the last instead of being made and deleted around each call.
+  bool keeps_thread_state = false;
 };
 
 // The exception a step raised, as the harness records it: a refusal, a LibTorch error
@@ -338,6 +347,8 @@ class PythonStep final : public harness::Step {
     py::gil_scoped_acquire gil;
     handle_->close();
     Py_DECREF(rank_);
+    // The thread state kept since prepare goes with this scope, on the thread that made it.
+    if (kept_thread_ == std::this_thread::get_id()) gil.dec_ref();
   }
   PythonStep(const PythonStep&) = delete;
   PythonStep& operator=(const PythonStep&) = delete;
@@ -345,6 +356,10 @@ class PythonStep final : public harness::Step {
   void prepare(harness::StepContext& context) override {
     handle_ = std::make_shared<RankHandle>(context);
     py::gil_scoped_acquire gil;
+    if (loaded_.keeps_thread_state) {
+      gil.inc_ref();
+      kept_thread_ = std::this_thread::get_id();
+    }
     Call call(*handle_);
     try {
       rank_ = Interpreter::get().runtime().attr("bind")(py::cast(handle_)).release().ptr();
@@ -382,6 +397,7 @@ class PythonStep final : public harness::Step {
   const LoadedStep& loaded_;
   std::shared_ptr<RankHandle> handle_;  // shared with Python, which may outlive the run
   PyObject* rank_ = nullptr;
+  std::thread::id kept_thread_;  // where prepare kept its thread state (keeps_thread_state)
 };
 
 const LoadedStep& load(const StepSource& source) {
@@ -515,6 +531,61 @@ harness::VariantSpec make_python_variant(const PythonVariant& variant) {
   spec.role = variant.role;
   spec.reference = variant.role == harness::Role::reference ? spec.name : variant.reference;
   spec.summary = fmt::format("Python step {}:{}", variant.source.file, variant.source.function);
+  spec.make = [&loaded] { return std::make_unique<PythonStep>(loaded); };
+  spec.cannot_run = [&loaded](const scenarios::Scenario& s) { return ask_cannot_run(loaded, s); };
+  if (!variant.findings_of.empty()) {
+    const harness::VariantSpec& original = harness::find_variant(variant.findings_of);
+    spec.findings = [original](const scenarios::Scenario& s, const harness::ContractFacts& facts) {
+      return harness::documented_finding(original, s, facts);
+    };
+  }
+  return spec;
+}
+
+namespace {
+
+const LoadedStep& load_recipe(const RecipeVariant& variant, std::string& name) {
+  const auto colon = variant.spec.find(':');
+  if (colon == std::string::npos || colon == 0 || colon + 1 == variant.spec.size()) {
+    throw InvalidInput(fmt::format("--recipe '{}': expected FRAMEWORK:NAME or FRAMEWORK:PATH.py "
+                                   "(e.g. torchtune:full_finetune_single_device)",
+                                   variant.spec));
+  }
+  const std::string framework = variant.spec.substr(0, colon);
+  const std::string target = variant.spec.substr(colon + 1);
+  Interpreter& interpreter = Interpreter::get();
+  py::gil_scoped_acquire gil;
+  auto* step = new LoadedStep{};
+  step->keeps_thread_state = true;
+  try {
+    const py::tuple loaded = interpreter.recipes().attr("load_recipe")(
+        framework, target, variant.args, detail::module_name_for("recipe", target));
+    step->file = loaded[0].cast<std::string>();
+    step->function = py::object(loaded[1]).release().ptr();
+    step->cannot_run = py::object(loaded[2]).release().ptr();
+  } catch (py::error_already_set& error) {
+    delete step;
+    const auto [type, message] = describe(error, target);
+    throw InvalidInput(fmt::format("--recipe {}: {}: {}", variant.spec, type, message));
+  }
+  name = variant.name.empty()
+             ? framework + "/" + std::filesystem::path(target).stem().string()
+             : variant.name;
+  return *step;  // kept for the life of the process, as load() keeps steps
+}
+
+}  // namespace
+
+std::string default_recipe_model() { return GRADNORM_RECIPE_MODEL; }
+
+harness::VariantSpec make_recipe_variant(const RecipeVariant& variant) {
+  std::string name;
+  const LoadedStep& loaded = load_recipe(variant, name);
+  harness::VariantSpec spec;
+  spec.name = name;
+  spec.role = harness::Role::candidate;
+  spec.reference = variant.reference;
+  spec.summary = fmt::format("{}, unmodified ({})", variant.spec, loaded.file);
   spec.make = [&loaded] { return std::make_unique<PythonStep>(loaded); };
   spec.cannot_run = [&loaded](const scenarios::Scenario& s) { return ask_cannot_run(loaded, s); };
   if (!variant.findings_of.empty()) {

@@ -40,6 +40,8 @@ constexpr NameTable<MaskPattern, 3> kMaskNames{{{MaskPattern::trailing_padding, 
 constexpr NameTable<RankAverage, 2> kRankAverageNames{
     {{RankAverage::divide_after_sum, "divide_after_sum"},
      {RankAverage::divide_before_sum, "divide_before_sum"}}};
+constexpr NameTable<FirstLabel, 2> kFirstLabelNames{
+    {{FirstLabel::masked, "masked"}, {FirstLabel::valid, "valid"}}};
 
 template <typename Enum, std::size_t Size>
 std::string_view name_of(const NameTable<Enum, Size>& table, Enum value) {
@@ -300,7 +302,7 @@ std::string describe(const Scenario& s) {
   std::string clip = s.clip_max_norm ? fmt::format("{}", *s.clip_max_norm) : "none";
   return fmt::format(
       "{} W={} A={} counts={} B={} T={} mask={} V={} H={} dtype={} model={} loss={} opt={} "
-      "lr={} clip={} in_bwd={} steps={} seed={} lora_rank={} chunks={} momentum={} wd={}{}{}{}",
+      "lr={} clip={} in_bwd={} steps={} seed={} lora_rank={} chunks={} momentum={} wd={}{}{}{}{}",
       s.name, s.world_size, s.accumulation_steps, counts, s.micro_batch_size, s.sequence_length,
       to_string(s.mask), s.vocab_size, s.hidden_size, to_string(s.dtype),
       model_name(s),
@@ -308,6 +310,8 @@ std::string describe(const Scenario& s) {
       s.steps, s.seed, s.lora_rank, s.loss_chunks, s.momentum, s.weight_decay,
       s.world_size > 1 ? fmt::format(" average={}", to_string(s.rank_average)) : std::string(),
       s.kd_ratio != 0.5 ? fmt::format(" kd_ratio={}", s.kd_ratio) : std::string(),
+      s.first_label != FirstLabel::masked ? fmt::format(" first_label={}", to_string(s.first_label))
+                                          : std::string(),
       s.has_mesh() ? fmt::format(" mesh=dp_replicate:{},dp_shard:{},cp:{},tp:{}", s.dp_replicate,
                                  s.dp_shard(), s.cp, s.tp)
                    : std::string());
@@ -325,6 +329,7 @@ std::string_view to_string(LossKind value) { return name_of(kLossNames, value); 
 std::string_view to_string(OptimizerKind value) { return name_of(kOptimizerNames, value); }
 std::string_view to_string(MaskPattern value) { return name_of(kMaskNames, value); }
 std::string_view to_string(RankAverage value) { return name_of(kRankAverageNames, value); }
+std::string_view to_string(FirstLabel value) { return name_of(kFirstLabelNames, value); }
 
 DType parse_dtype(std::string_view text) { return parse_name(kDTypeNames, text, "dtype"); }
 ModelKind parse_model_kind(std::string_view text) {
@@ -339,6 +344,9 @@ MaskPattern parse_mask_pattern(std::string_view text) {
 }
 RankAverage parse_rank_average(std::string_view text) {
   return parse_name(kRankAverageNames, text, "rank_average");
+}
+FirstLabel parse_first_label(std::string_view text) {
+  return parse_name(kFirstLabelNames, text, "first_label");
 }
 
 }  // namespace gradnorm::scenarios

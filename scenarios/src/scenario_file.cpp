@@ -159,6 +159,7 @@ Scenario read_scenario(const toml::table& table, const std::string& where,
   r.read_int("loss_chunks", s.loss_chunks);
   r.read_int("steps", s.steps);
   r.read_enum("mask", s.mask, parse_mask_pattern);
+  r.read_enum("first_label", s.first_label, parse_first_label);
   r.read_enum("dtype", s.dtype, parse_dtype);
   read_model(r, s, source);
   r.read_enum("loss", s.loss, parse_loss_kind);
@@ -368,6 +369,9 @@ std::string scenario_table(const Scenario& s) {
   line("micro_batch_size", fmt::format("{}", s.micro_batch_size));
   line("sequence_length", fmt::format("{}", s.sequence_length));
   line("mask", toml_string(to_string(s.mask)));
+  // Written only when it is not the default, so tables written before the field existed
+  // read back the same.
+  if (s.first_label != FirstLabel::masked) line("first_label", toml_string(to_string(s.first_label)));
   line("vocab_size", fmt::format("{}", s.vocab_size));
   line("hidden_size", fmt::format("{}", s.hidden_size));
   line("lora_rank", fmt::format("{}", s.lora_rank));

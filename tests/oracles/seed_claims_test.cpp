@@ -133,7 +133,8 @@ TEST(SeedCheck6Accumulation, TwoMicroBatchesEqualOneCombinedBatch) {
       const auto second = harness::make_micro_batch(accumulated, rank, step, 1);
       return harness::MicroBatch{at::cat({first.inputs, second.inputs}),
                                  at::cat({first.labels, second.labels}),
-                                 first.valid_count + second.valid_count};
+                                 first.valid_count + second.valid_count,
+                                 at::cat({first.first_labels, second.first_labels})};
     };
     const double tolerance = oracles::tolerance_for(accumulated.dtype).tensor_rel_l2;
     for (const char* variant : {"baseline", "skip"}) {

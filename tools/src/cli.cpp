@@ -17,6 +17,7 @@
 #include <chrono>
 #include <cmath>
 #include <cstdio>
+#include <filesystem>
 #include <fstream>
 #include <iostream>
 #include <optional>
@@ -132,9 +133,23 @@ struct PythonStepOptions {
   std::string reference = "baseline";
   std::string role = "candidate";
   std::string findings_of;
+  // Real framework code (--recipe FRAMEWORK:TARGET), its config overrides, and the model it
+  // gives scenarios whose model is built in.
+  std::string recipe;
+  std::vector<std::string> recipe_args;
+  std::string recipe_model;
 };
 
 void add_python_step_options(CLI::App& command, PythonStepOptions& options) {
+  command.add_option("--recipe", options.recipe,
+                     "judge a framework's own recipe code, unmodified: torchtune:NAME (a recipe "
+                     "the installed torchtune ships) or torchtune:PATH.py (your copy of one)");
+  command.add_option("--recipe-arg", options.recipe_args,
+                     "KEY=VALUE: override the recipe's config as `tune run` does (repeatable); "
+                     "keys the scenario decides are refused");
+  command.add_option("--recipe-model", options.recipe_model,
+                     "python:FILE.py:FUNCTION: the torchtune model a recipe run gives scenarios "
+                     "whose model is built in (default: examples/torchtune/tiny_llama.py)");
   command.add_option("--python-step", options.source,
                      "judge a step written in Python: FILE.py[:FUNCTION] (default function "
                      "step); see the README's \"Write your step in Python\"");
@@ -171,12 +186,22 @@ std::vector<std::string> declare_steps(const PythonStepOptions& cli_step,
       }
     }
   }
+  if (!cli_step.recipe.empty()) {
+    const harness::VariantSpec spec = python::make_recipe_variant(python::RecipeVariant{
+        cli_step.recipe, cli_step.recipe_args, cli_step.source.empty() ? cli_step.name : "",
+        cli_step.reference, cli_step.source.empty() ? cli_step.findings_of : ""});
+    names.push_back(spec.name);
+    harness::register_variant(spec);
+  } else if (!cli_step.recipe_args.empty() || !cli_step.recipe_model.empty()) {
+    throw scenarios::InvalidInput("--recipe-arg and --recipe-model describe a --recipe; none given");
+  }
   if (!cli_step.source.empty()) {
     declare(python::PythonVariant{cli_step.name, python::parse_step_source(cli_step.source),
                                   python::parse_python_role(cli_step.role), cli_step.reference,
                                   cli_step.findings_of});
-  } else if (!cli_step.name.empty() || !cli_step.findings_of.empty()) {
-    throw scenarios::InvalidInput("--name and --findings-of describe a --python-step; none given");
+  } else if ((!cli_step.name.empty() || !cli_step.findings_of.empty()) && cli_step.recipe.empty()) {
+    throw scenarios::InvalidInput("--name and --findings-of describe a --python-step or a "
+                                  "--recipe; none given");
   }
   return names;
 }
@@ -278,6 +303,12 @@ std::vector<std::string> reproduce_arguments(const RunOptions& options) {
     if (py.role != "candidate") out.insert(out.end(), {"--role", py.role});
     if (!py.findings_of.empty()) out.insert(out.end(), {"--findings-of", py.findings_of});
   }
+  if (!py.recipe.empty()) {
+    out.insert(out.end(), {"--recipe", py.recipe});
+    for (const std::string& arg : py.recipe_args) out.insert(out.end(), {"--recipe-arg", arg});
+    if (!py.recipe_model.empty()) out.insert(out.end(), {"--recipe-model", py.recipe_model});
+    if (py.source.empty() && !py.name.empty()) out.insert(out.end(), {"--name", py.name});
+  }
   if (options.ignore_findings) out.push_back("--ignore-findings");
   return out;
 }
@@ -294,6 +325,8 @@ std::vector<std::string> run_inputs(const RunOptions& options,
   for (const scenarios::Scenario& s : scenario_list) {
     if (!s.model_file.empty()) inputs.push_back(s.model_file);
   }
+  const std::string& recipe = options.python_step.recipe;
+  if (recipe.size() > 3 && recipe.ends_with(".py")) inputs.push_back(recipe.substr(recipe.find(':') + 1));
   return inputs;
 }
 
@@ -491,8 +524,57 @@ void check_before_running(const std::vector<scenarios::Scenario>& scenario_list,
   }
 }
 
+// A recipe builds its model with a framework builder, so a scenario whose model is built in
+// (causal_lm) becomes the same scenario with the framework's model (--recipe-model), named
+// FUNCTION/NAME; float64 ones are left out (torchtune trains in fp32 or bf16, its decoder's
+// logits are float32). Other models stay, and the recipe says why it cannot run them.
+std::vector<scenarios::Scenario> with_recipe_model(std::vector<scenarios::Scenario> list,
+                                                   const PythonStepOptions& step) {
+  if (step.recipe.empty()) return list;
+  const std::string spec = step.recipe_model.empty() ? python::default_recipe_model() : step.recipe_model;
+  scenarios::Scenario probe;
+  constexpr std::string_view kPython = "python:";
+  if (spec.rfind(kPython, 0) == 0) {
+    // As a scenario file's model: split at the first colon after the file's last '/'.
+    const std::string rest = spec.substr(kPython.size());
+    const auto slash = rest.find_last_of('/');
+    const auto colon = rest.find(':', slash == std::string::npos ? 0 : slash);
+    if (colon != std::string::npos && colon > 0 && colon + 1 < rest.size()) {
+      probe.model = scenarios::ModelKind::python;
+      probe.model_file = std::filesystem::absolute(rest.substr(0, colon)).lexically_normal().string();
+      probe.model_function = rest.substr(colon + 1);
+    }
+  }
+  if (probe.model != scenarios::ModelKind::python) {
+    throw scenarios::InvalidInput(fmt::format(
+        "--recipe-model '{}': expected python:FILE.py:FUNCTION (a torchtune module)", spec));
+  }
+  std::vector<scenarios::Scenario> out;
+  std::size_t left_out = 0;
+  for (scenarios::Scenario s : list) {
+    if (s.model == scenarios::ModelKind::causal_lm) {
+      if (s.dtype == scenarios::DType::float64) {
+        ++left_out;
+        continue;
+      }
+      s.model = probe.model;
+      s.model_file = probe.model_file;
+      s.model_function = probe.model_function;
+      s.name = probe.model_function + "/" + s.name;
+    }
+    out.push_back(std::move(s));
+  }
+  if (left_out > 0 && out.empty()) {
+    throw scenarios::InvalidInput(fmt::format(
+        "--recipe {}: every selected scenario is float64, which torchtune does not train in",
+        step.recipe));
+  }
+  return out;
+}
+
 int run_command(const RunOptions& options, int argc, char** argv) {
-  auto scenario_list = pick_scenarios(options.scenario_patterns, options.scenario_files);
+  auto scenario_list = with_recipe_model(
+      pick_scenarios(options.scenario_patterns, options.scenario_files), options.python_step);
   // Before anything runs: a report path that cannot or must not be written is an input error.
   tools::check_report_paths(options.given_reports, run_inputs(options, scenario_list));
   tools::remove_partial_reports_on_signals();
@@ -581,6 +663,11 @@ int run_command(const RunOptions& options, int argc, char** argv) {
   }
 
   check_before_running(scenario_list, run_options, options, &evaluate_options.workers);
+  // A recipe sets torch's process-wide default dtype while it builds its model
+  // (torchtune.training.set_default_dtype): a scenario judged beside it on another thread
+  // would build tensors in the other's dtype (measured: float32 rows off by 2^-10, bfloat16
+  // parameters refused by the recipe's own dtype check). One scenario at a time, then.
+  if (!options.python_step.recipe.empty()) evaluate_options.workers = 1;
   harness::DeterminismGuard guard;
   harness::ThreadTransport threads(run_options);
   evaluate_options.transport = &threads;

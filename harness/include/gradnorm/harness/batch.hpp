@@ -19,6 +19,10 @@ struct MicroBatch {
   // [B, T] int64, already shifted: position T-1 of every sequence is kIgnoreIndex.
   at::Tensor labels;
   long valid_count = 0;  // labels != kIgnoreIndex, equal to the scenario's count
+  // [B] int64: each sequence's label at position 0 before the shift (scenario first_label):
+  // kIgnoreIndex when masked, a token id when valid. The shifted labels never hold it; a
+  // recipe that receives aligned labels sees [first_labels, labels[:, :T-1]].
+  at::Tensor first_labels;
 };
 
 // at::ScalarType of a scenario dtype.

@@ -9,6 +9,7 @@
 
 #include <chrono>
 #include <string>
+#include <vector>
 
 #include "gradnorm/harness/variant.hpp"
 
@@ -42,6 +43,27 @@ struct PythonVariant {
 // for a missing function, an unknown reference or findings_of, or a negative control (a
 // Python step cannot say where its own bug is visible).
 [[nodiscard]] harness::VariantSpec make_python_variant(const PythonVariant& variant);
+
+// Real framework code run as a step (docs/design.md §11): --recipe FRAMEWORK:TARGET, where
+// TARGET is a recipe the installed framework ships (torchtune:full_finetune_single_device)
+// or a recipe file of the user's (torchtune:PATH.py), driven unmodified through its config.
+struct RecipeVariant {
+  std::string spec;               // "torchtune:NAME" or "torchtune:PATH.py"
+  std::vector<std::string> args;  // --recipe-arg KEY=VALUE, as given
+  std::string name;               // empty: "torchtune/" and NAME (or the file's stem)
+  std::string reference = "baseline";
+  std::string findings_of;
+};
+
+// Loads the recipe (the framework's import, the file, the class, the overrides); throws
+// scenarios::InvalidInput naming what is wrong: an unknown framework or recipe, a recipe
+// gradnorm does not judge (and why), a file that does not import, a --recipe-arg the
+// scenario decides.
+[[nodiscard]] harness::VariantSpec make_recipe_variant(const RecipeVariant& variant);
+
+// The model a recipe run gives scenarios whose model is built in ("python:FILE:FUNCTION",
+// torchtune's own Llama 3 builder at a tiny size: examples/torchtune/tiny_llama.py).
+[[nodiscard]] std::string default_recipe_model();
 
 // make_python_variant, then harness::register_variant.
 void register_python_step(const PythonVariant& variant);

@@ -45,6 +45,12 @@ enum class OptimizerKind { sgd, sgd_momentum, adamw };
 enum class RankAverage { divide_after_sum, divide_before_sum };
 // Where the ignored (-100) positions sit inside a sequence.
 enum class MaskPattern { trailing_padding, prompt_prefix, random_holes };
+// The label at position 0 of each sequence, as a recipe that receives labels aligned with
+// its tokens sees it (torchtune 0.6.1's recipes and Hugging Face shift them themselves): the
+// shift drops it, so it never enters the loss, but a count taken before the shift sees it.
+//   masked: -100 (a masked prompt; what every scenario meant before the field existed).
+//   valid : a token id (training on the input).
+enum class FirstLabel { masked, valid };
 
 // A documented finding: on this scenario, variants matching `variant_pattern` (shell-style)
 // are known to end with `verdict` ("fail", "error-mismatch", ...) for the stated reason. A run
@@ -97,6 +103,7 @@ struct Scenario {
   int micro_batch_size = 2;  // sequences per micro-batch
   int sequence_length = 8;   // positions per sequence; the last one is always ignored
   MaskPattern mask = MaskPattern::trailing_padding;
+  FirstLabel first_label = FirstLabel::masked;
   int vocab_size = 11;
   int hidden_size = 6;
   int lora_rank = 2;
@@ -164,6 +171,7 @@ std::ostream& operator<<(std::ostream& out, const Scenario& scenario);
 [[nodiscard]] std::string_view to_string(OptimizerKind value);
 [[nodiscard]] std::string_view to_string(MaskPattern value);
 [[nodiscard]] std::string_view to_string(RankAverage value);
+[[nodiscard]] std::string_view to_string(FirstLabel value);
 
 // Parse the names printed by to_string; throw InvalidInput listing the accepted names.
 [[nodiscard]] DType parse_dtype(std::string_view text);
@@ -172,5 +180,6 @@ std::ostream& operator<<(std::ostream& out, const Scenario& scenario);
 [[nodiscard]] OptimizerKind parse_optimizer_kind(std::string_view text);
 [[nodiscard]] MaskPattern parse_mask_pattern(std::string_view text);
 [[nodiscard]] RankAverage parse_rank_average(std::string_view text);
+[[nodiscard]] FirstLabel parse_first_label(std::string_view text);
 
 }  // namespace gradnorm::scenarios
