@@ -52,6 +52,11 @@ REPLACED = (
      "the harness owns the group and still needs it after the recipe's cleanup"),
     ("tqdm, in the recipe module",
      "the progress bar, disabled: it would interleave with gradnorm's table on stderr"),
+    ("torchtune.training.cleanup_before_training",
+     "it empties the device's cache and resets its peak-memory statistics, which torch.cpu "
+     "does not have (AttributeError: module 'torch.cpu' has no attribute 'empty_cache', "
+     "torchtune/training/memory.py:51, called from the distributed recipes' train()). "
+     "Replaced by its first line, gc.collect()"),
     ("torchtune.training.get_memory_stats and log_memory_stats",
      "they raise on CPU ('Logging memory stats is not supported on CPU devices'); the "
      "distributed recipes call them unconditionally on rank 0. Replaced by functions that "
@@ -199,6 +204,11 @@ class Optimizer(torch.optim.Optimizer):
         return [p for group in self.param_groups for p in group["params"]]
 
 
+def _cleanup_before_training():
+    import gc
+    gc.collect()
+
+
 def _get_memory_stats(device, reset_stats=True):
     return {}
 
@@ -266,6 +276,7 @@ def _prepare_environment():
     import torchtune.training as training
     training.get_memory_stats = _get_memory_stats
     training.log_memory_stats = _log_memory_stats
+    training.cleanup_before_training = _cleanup_before_training
     _ENV_READY = True
 
 
@@ -309,7 +320,13 @@ class Recipe:
         if "destroy_process_group" in vars(self.module):
             self.module.destroy_process_group = _destroy_process_group
         if "tqdm" in vars(self.module):
-            self.module.tqdm = functools.partial(self.module.tqdm, disable=True)
+            bar = self.module.tqdm
+
+            @functools.wraps(bar)
+            def quiet_bar(*args, **kwargs):
+                kwargs["disable"] = True  # the distributed recipes pass disable= themselves
+                return bar(*args, **kwargs)
+            self.module.tqdm = quiet_bar
         from omegaconf import OmegaConf
         try:
             self.overrides = OmegaConf.from_dotlist(self.args)
@@ -562,6 +579,18 @@ def _loss_of(logged, step):
     return out
 
 
+def _from_rank_zero(logged):
+    """torchtune's distributed recipes log on rank 0 only (`and self._is_rank_zero` before
+    their metric logger's log_dict): every rank reports what rank 0 logged, sent from rank 0
+    after the step (one broadcast, outside the recipe), so the verdict judges rank 0's log."""
+    import torch.distributed as dist
+    keys = ("loss_to_log", "grad_norm")
+    packed = torch.tensor([[1.0 if k in logged else 0.0, float(logged.get(k, 0.0))] for k in keys],
+                          dtype=torch.float64)
+    dist.broadcast(packed, src=0)
+    return {k: float(packed[i, 1]) for i, k in enumerate(keys) if packed[i, 0] != 0}
+
+
 def make_step(recipe):
     def step(ctx):
         run = ctx.state.get("recipe run")
@@ -569,7 +598,10 @@ def make_step(recipe):
             run = ctx.state["recipe run"] = _Run(recipe, ctx)
         run.advance(ctx, ctx.step_index)
         # The recipe's global_step counts from 1.
-        return _loss_of(run.logged, ctx.step_index + 1)
+        logged = _loss_of(run.logged, ctx.step_index + 1)
+        if recipe.distributed and ctx.world_size > 1:
+            return _from_rank_zero(logged)
+        return logged
     step.__name__ = "recipe_step"
     return step
 
