@@ -347,6 +347,10 @@ class Recipe:
             return "gradnorm drives the recipe's data-parallel (FSDP) mesh only"
         if not self.distributed and scenario["world_size"] > 1:
             return "a single-device recipe; the scenario has %d ranks" % scenario["world_size"]
+        if self.distributed and not _gt._process_is_initialized():
+            return ("a distributed recipe needs a torch.distributed process group, which "
+                    "gradnorm's ranks have only as processes: run it with --nproc W (rank "
+                    "processes over Gloo), torchrun or Slurm")
         if scenario["loss"] not in _LOSSES:
             return "no torchtune loss for the scenario's loss %s" % scenario["loss"]
         return None
@@ -453,6 +457,8 @@ class _Run:
         cfg = self.recipe.config(self.scenario, self._output.name)
         try:
             instance = self.recipe.cls(cfg=cfg)
+        except _gt.GradnormUnsupported:
+            raise
         except Exception as error:
             # The recipe's constructor validates its configuration (torchtune raises there for
             # combinations it does not support): a refusal, like a reference's, cited where

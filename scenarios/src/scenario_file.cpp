@@ -250,11 +250,35 @@ std::vector<VariantDeclaration> read_variants(const toml::table& root, const std
     r.read(std::string_view("role"), v.role, "a string");
     r.read(std::string_view("reference"), v.reference, "a string");
     r.read(std::string_view("findings_of"), v.findings_of, "a string");
+    r.read(std::string_view("recipe"), v.recipe, "a string (torchtune:NAME or torchtune:PATH.py)");
+    if (const toml::node* args = r.node("recipe_args")) {
+      const toml::array* items = args->as_array();
+      if (items == nullptr) r.fail("recipe_args", "must be an array of \"KEY=VALUE\" strings");
+      for (const toml::node& item : *items) {
+        const std::optional<std::string> text = item.value_exact<std::string>();
+        if (!text) r.fail("recipe_args", "must be an array of \"KEY=VALUE\" strings");
+        v.recipe_args.push_back(*text);
+      }
+    }
     r.reject_unknown();
     if (v.name.empty()) r.fail("name", "is missing");
-    if (v.python.empty()) r.fail("python", "is missing: the step's file, FILE.py[:FUNCTION]");
-    std::filesystem::path file(v.python);
-    if (file.is_relative()) v.python = (std::filesystem::path(source).parent_path() / file).lexically_normal().string();
+    if (!v.python.empty() && !v.recipe.empty()) {
+      r.fail("recipe", "and python both given: a variant is a Python step or a recipe");
+    }
+    if (v.python.empty() && v.recipe.empty()) {
+      r.fail("python", "is missing: the step's file, FILE.py[:FUNCTION] (or recipe = "
+                       "\"torchtune:NAME\")");
+    }
+    if (v.recipe.empty() && !v.recipe_args.empty()) r.fail("recipe_args", "needs a recipe");
+    const auto beside = [&source](const std::string& path) {
+      std::filesystem::path file(path);
+      return file.is_relative() ? (std::filesystem::path(source).parent_path() / file).lexically_normal().string()
+                                : path;
+    };
+    if (!v.python.empty()) v.python = beside(v.python);
+    if (const auto colon = v.recipe.find(':'); colon != std::string::npos && v.recipe.ends_with(".py")) {
+      v.recipe = v.recipe.substr(0, colon + 1) + beside(v.recipe.substr(colon + 1));
+    }
     if (!names.insert(v.name).second) {
       throw InvalidInput(fmt::format("{}: variant name '{}' appears twice", source, v.name));
     }

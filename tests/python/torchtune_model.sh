@@ -8,16 +8,7 @@ set -uo pipefail
 gradnorm="$1"
 source_dir="$2"
 work="$3"
-python="${GRADNORM_PYTHON:?set it to the environment python, as ctest does}"
-if ! why=$("$python" -c 'import torchtune' 2>&1); then
-  echo "SKIP: torchtune does not import in $python: $(echo "$why" | tail -1)"
-  exit 77
-fi
-rm -rf "$work" && mkdir -p "$work" && cd "$work"
-failed=0
-expect() {  # expect TEXT FILE
-  if ! grep -qF -- "$1" "$2"; then echo "FAIL: '$1' not in the output:"; cat "$2"; failed=1; fi
-}
+source "$(dirname "${BASH_SOURCE[0]}")/torchtune_common.sh"
 models="$source_dir/examples/torchtune/models.toml"
 
 "$gradnorm" run -f "$models" -v baseline -v skip -v 'broken/*' > threads.txt 2>&1

@@ -140,16 +140,12 @@ struct PythonStepOptions {
   std::string recipe_model;
 };
 
-void add_python_step_options(CLI::App& command, PythonStepOptions& options) {
-  command.add_option("--recipe", options.recipe,
-                     "judge a framework's own recipe code, unmodified: torchtune:NAME (a recipe "
-                     "the installed torchtune ships) or torchtune:PATH.py (your copy of one)");
-  command.add_option("--recipe-arg", options.recipe_args,
-                     "KEY=VALUE: override the recipe's config as `tune run` does (repeatable); "
-                     "keys the scenario decides are refused");
-  command.add_option("--recipe-model", options.recipe_model,
-                     "python:FILE.py:FUNCTION: the torchtune model a recipe run gives scenarios "
-                     "whose model is built in (default: examples/torchtune/tiny_llama.py)");
+void add_recipe_options(CLI::App& command, PythonStepOptions& options);
+
+// `recipes`: the command also takes --recipe (run only, so far: fuzz and bench would judge
+// nothing, their generated scenarios having built-in models).
+void add_python_step_options(CLI::App& command, PythonStepOptions& options, bool recipes = false) {
+  if (recipes) add_recipe_options(command, options);
   command.add_option("--python-step", options.source,
                      "judge a step written in Python: FILE.py[:FUNCTION] (default function "
                      "step); see the README's \"Write your step in Python\"");
@@ -162,6 +158,18 @@ void add_python_step_options(CLI::App& command, PythonStepOptions& options) {
       ->check(CLI::IsMember({"candidate", "reference"}));
   command.add_option("--findings-of", options.findings_of,
                      "the Python step transcribes this variant: expect its documented findings");
+}
+
+void add_recipe_options(CLI::App& command, PythonStepOptions& options) {
+  command.add_option("--recipe", options.recipe,
+                     "judge a framework's own recipe code, unmodified: torchtune:NAME (a recipe "
+                     "the installed torchtune ships) or torchtune:PATH.py (your copy of one)");
+  command.add_option("--recipe-arg", options.recipe_args,
+                     "KEY=VALUE: override the recipe's config as `tune run` does (repeatable); "
+                     "keys the scenario decides are refused");
+  command.add_option("--recipe-model", options.recipe_model,
+                     "python:FILE.py:FUNCTION: the torchtune model a recipe run gives scenarios "
+                     "whose model is built in (default: examples/torchtune/tiny_llama.py)");
 }
 
 // Registers the steps a run declares (--python-step, and [[variant]] tables in the scenario
@@ -177,6 +185,17 @@ std::vector<std::string> declare_steps(const PythonStepOptions& cli_step,
   };
   for (const std::string& file : files) {
     for (const scenarios::VariantDeclaration& d : scenarios::load_scenario_file_contents(file).variants) {
+      if (!d.recipe.empty()) {
+        try {
+          const harness::VariantSpec spec = python::make_recipe_variant(
+              python::RecipeVariant{d.recipe, d.recipe_args, d.name, d.reference, d.findings_of});
+          names.push_back(spec.name);
+          harness::register_variant(spec);
+        } catch (const scenarios::InvalidInput& error) {
+          throw scenarios::InvalidInput(fmt::format("{}: {}", d.where, error.what()));
+        }
+        continue;
+      }
       try {
         declare(python::PythonVariant{d.name, python::parse_step_source(d.python),
                                       python::parse_python_role(d.role), d.reference,
@@ -528,9 +547,20 @@ void check_before_running(const std::vector<scenarios::Scenario>& scenario_list,
 // (causal_lm) becomes the same scenario with the framework's model (--recipe-model), named
 // FUNCTION/NAME; float64 ones are left out (torchtune trains in fp32 or bf16, its decoder's
 // logits are float32). Other models stay, and the recipe says why it cannot run them.
+// Whether the run judges a recipe: --recipe, or a [[variant]] with a recipe in a scenario file.
+bool run_has_recipe(const RunOptions& options) {
+  if (!options.python_step.recipe.empty()) return true;
+  for (const std::string& file : options.scenario_files) {
+    for (const scenarios::VariantDeclaration& d : scenarios::load_scenario_file_contents(file).variants) {
+      if (!d.recipe.empty()) return true;
+    }
+  }
+  return false;
+}
+
 std::vector<scenarios::Scenario> with_recipe_model(std::vector<scenarios::Scenario> list,
-                                                   const PythonStepOptions& step) {
-  if (step.recipe.empty()) return list;
+                                                   const PythonStepOptions& step, bool recipes) {
+  if (!recipes) return list;
   const std::string spec = step.recipe_model.empty() ? python::default_recipe_model() : step.recipe_model;
   scenarios::Scenario probe;
   constexpr std::string_view kPython = "python:";
@@ -566,15 +596,15 @@ std::vector<scenarios::Scenario> with_recipe_model(std::vector<scenarios::Scenar
   }
   if (left_out > 0 && out.empty()) {
     throw scenarios::InvalidInput(fmt::format(
-        "--recipe {}: every selected scenario is float64, which torchtune does not train in",
-        step.recipe));
+        "--recipe: every selected scenario is float64, which torchtune does not train in"));
   }
   return out;
 }
 
 int run_command(const RunOptions& options, int argc, char** argv) {
+  const bool recipes = run_has_recipe(options);
   auto scenario_list = with_recipe_model(
-      pick_scenarios(options.scenario_patterns, options.scenario_files), options.python_step);
+      pick_scenarios(options.scenario_patterns, options.scenario_files), options.python_step, recipes);
   // Before anything runs: a report path that cannot or must not be written is an input error.
   tools::check_report_paths(options.given_reports, run_inputs(options, scenario_list));
   tools::remove_partial_reports_on_signals();
@@ -667,7 +697,7 @@ int run_command(const RunOptions& options, int argc, char** argv) {
   // (torchtune.training.set_default_dtype): a scenario judged beside it on another thread
   // would build tensors in the other's dtype (measured: float32 rows off by 2^-10, bfloat16
   // parameters refused by the recipe's own dtype check). One scenario at a time, then.
-  if (!options.python_step.recipe.empty()) evaluate_options.workers = 1;
+  if (recipes) evaluate_options.workers = 1;
   harness::DeterminismGuard guard;
   harness::ThreadTransport threads(run_options);
   evaluate_options.transport = &threads;
@@ -857,7 +887,7 @@ int run_command_line(int argc, char** argv) {
       ->check(CLI::Range(0.01, 86400.0));
   run->add_option("--inject-fault", run_options.fault,
                   "make a rank fail on purpose: RANK:KIND[@STEP], KIND one of throw, exit, hang");
-  add_python_step_options(*run, run_options.python_step);
+  add_python_step_options(*run, run_options.python_step, /*recipes=*/true);
   run->add_option("--jobs,-j", run_options.jobs,
                   "scenarios judged at once with ranks as threads (default: two per core); the "
                   "results are the same whatever the number")

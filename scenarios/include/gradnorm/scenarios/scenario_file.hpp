@@ -37,6 +37,10 @@ struct VariantDeclaration {
   std::string where;        // "FILE: variant #I", for messages
   std::string name;
   std::string python;       // FILE[:FUNCTION], FILE resolved against the scenario file's folder
+  // Or real framework code: "torchtune:NAME" or "torchtune:PATH.py" (PATH resolved against
+  // the scenario file's folder), with its config overrides (KEY=VALUE, as --recipe-arg).
+  std::string recipe;
+  std::vector<std::string> recipe_args;
   std::string role = "candidate";
   std::string reference = "baseline";
   std::string findings_of;  // empty: none

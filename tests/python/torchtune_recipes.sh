@@ -1,0 +1,97 @@
+#!/usr/bin/env bash
+# ctest: the installed torchtune's own recipes, unmodified, judged on catalogue scenarios
+# (their model substituted by torchtune's Llama 3 builder, examples/torchtune/tiny_llama.py)
+# and on first_label = "valid": full_finetune_single_device in-process, and
+# full_finetune_distributed on 2 rank processes over Gloo. The figures expected here are the
+# ones measured and explained in the README ("torchtune's own recipes"). Skips (77) where
+# torchtune cannot be imported, saying why.
+# Arguments: GRADNORM_BINARY SOURCE_DIR WORK_DIR
+set -uo pipefail
+gradnorm="$1"
+source_dir="$2"
+work="$3"
+source "$(dirname "${BASH_SOURCE[0]}")/torchtune_common.sh"
+row() {  # row SCENARIO VARIANT VERDICT FILE: the table row has that verdict
+  if ! grep -qE "^$1 +$2 +[0-9]+ $3 " "$4"; then
+    echo "FAIL: no row '$1 $2 ... $3' in $4:"; cat "$4"; failed=1
+  fi
+}
+single=torchtune/full_finetune_single_device
+distributed=torchtune/full_finetune_distributed
+
+"$gradnorm" run --recipe torchtune:full_finetune_single_device -v baseline \
+  -s single/n3/float32 -s single/clip-zero/float32 -s single/in-bwd-n5/float32 \
+  -s single/in-bwd-clip-refused/float32 -s single/accum2-empty-first-mean_ce/float32 \
+  --json single.json > single.txt 2>&1
+echo "single: exit $?" >> single.txt
+row tiny_llama/single/n3/float32 "$single" pass single.txt
+# 0.6.1 clips when clip_grad_norm is not None, so 0 clips to zero as the oracle does.
+row tiny_llama/single/clip-zero/float32 "$single" pass single.txt
+# Optimizer in backward: the recipe backwards mean * n and never divides by N.
+row tiny_llama/single/in-bwd-n5/float32 "$single" fail single.txt
+expect "step 0: gradients rel L2 error 4 > 1e-05" single.txt
+# The recipe refuses clipping with optimizer in backward in its constructor, as the reference does.
+row tiny_llama/single/in-bwd-clip-refused/float32 "$single" expected-error single.txt
+# An empty micro-batch: 0 * NaN in the running loss makes the logged loss NaN.
+row tiny_llama/single/accum2-empty-first-mean_ce/float32 "$single" fail single.txt
+expect "step 0: logged loss -nan" single.txt
+expect "single: exit 1" single.txt
+"$python" -c 'import json,sys; r=json.load(open("single.json")); sys.exit(0 if any(x["variant"]=="torchtune/full_finetune_single_device" for x in r["records"]) else 1)' \
+  || { echo "FAIL: single.json holds no recipe row"; failed=1; }
+
+"$gradnorm" run --recipe torchtune:full_finetune_distributed --nproc 2 -v baseline \
+  -s dist/5-3/float32 -s dist/0-8/float32 > dist.txt 2>&1
+echo "dist: exit $?" >> dist.txt
+row tiny_llama/dist/5-3/float32 "$distributed" pass dist.txt
+expect "tiny_llama/dist/5-3/float32          torchtune/full_finetune_distributed   8 pass           agree    1.15e-07      1042         0         -   yes  ok" dist.txt
+row tiny_llama/dist/0-8/float32 "$distributed" fail dist.txt
+expect "dist: exit 1" dist.txt
+
+first="$source_dir/examples/torchtune/first_label.toml"
+"$gradnorm" run -f "$first" --recipe torchtune:full_finetune_single_device -v baseline \
+  > first-single.txt 2>&1
+# The recipe counts labels before it shifts them: each sequence's valid first label is
+# counted but never in the loss. One micro-batch cancels; ragged accumulation does not.
+row tiny_llama/first-valid/n5/float32 "$single" pass first-single.txt
+row tiny_llama/first-valid/accum2-ragged/float32 "$single" fail first-single.txt
+row tiny_llama/first-valid/accum2-ragged/float32 baseline pass first-single.txt
+expect "step 0: gradients rel L2 error 0.154 > 1e-05" first-single.txt
+"$gradnorm" run -f "$first" --recipe torchtune:full_finetune_distributed --nproc 2 -v baseline \
+  > first-dist.txt 2>&1
+row tiny_llama/first-valid/5-3/float32 "$distributed" fail first-dist.txt
+row tiny_llama/first-valid/4-4/float32 "$distributed" pass first-dist.txt
+expect "every rank: step 0: gradients rel L2 error 0.0829 > 1e-05" first-dist.txt
+
+# Negative controls of the plumbing: bad input is exit 2 before anything runs.
+"$gradnorm" run --recipe torchtune:no_such_recipe -s single/n3/float32 > unknown.txt 2>&1
+echo "unknown: exit $?" >> unknown.txt
+expect "the installed torchtune ships no such recipe; it ships" unknown.txt
+expect "unknown: exit 2" unknown.txt
+"$gradnorm" run --recipe torchtune:generate -s single/n3/float32 > generate.txt 2>&1
+echo "generate: exit $?" >> generate.txt
+expect "not judged by gradnorm: generates text; trains nothing" generate.txt
+expect "generate: exit 2" generate.txt
+"$gradnorm" run --recipe torchtune:full_finetune_single_device --recipe-arg batch_size=4 \
+  -s single/n3/float32 > owned.txt 2>&1
+echo "owned: exit $?" >> owned.txt
+expect "--recipe-arg batch_size: the scenario decides batch_size (micro_batch_size)" owned.txt
+expect "owned: exit 2" owned.txt
+"$gradnorm" run --recipe torchtune:full_finetune_distributed -s dist/5-3/float32 > threads.txt 2>&1
+echo "threads: exit $?" >> threads.txt
+expect "needs a torch.distributed process group, which gradnorm's ranks have only as processes" threads.txt
+expect "0 rows: 0 pass" threads.txt
+# A --recipe-arg the recipe reads: the loss, torchtune's chunked cross-entropy.
+"$gradnorm" run --recipe torchtune:full_finetune_single_device -s single/n3/float32 \
+  --recipe-arg loss._component_=torchtune.modules.loss.CEWithChunkedOutputLoss > chunked.txt 2>&1
+echo "chunked: exit $?" >> chunked.txt
+row tiny_llama/single/n3/float32 "$single" pass chunked.txt
+expect "chunked: exit 0" chunked.txt
+
+# Recipes named as [[variant]] tables in a scenario file, one with config overrides.
+"$gradnorm" run -f "$source_dir/examples/torchtune/recipe_variants.toml" -v baseline > file.txt 2>&1
+echo "file: exit $?" >> file.txt
+row tt/accum2-ragged/float32 tt/full-single pass file.txt
+row tt/accum2-ragged/float32 tt/full-single-chunked pass file.txt
+expect "3 rows: 3 pass, 0 fail" file.txt
+expect "file: exit 0" file.txt
+exit $failed
