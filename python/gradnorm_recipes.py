@@ -352,6 +352,10 @@ class Recipe:
                     "gradnorm's ranks have only as processes: run it with --nproc W (rank "
                     "processes over Gloo), torchrun or Slurm")
         if scenario["loss"] not in _LOSSES:
+            import torchtune.modules.loss as losses
+            if scenario["loss"] == "linear_ce" and not hasattr(losses, "LinearCrossEntropyLoss"):
+                return ("the installed torchtune has no LinearCrossEntropyLoss (torchtune %s's "
+                        "torchtune.modules.loss)" % _torchtune_version())
             return "no torchtune loss for the scenario's loss %s" % scenario["loss"]
         return None
 
@@ -392,6 +396,11 @@ class Recipe:
             "profiler": {"enabled": False},
         }
         return OmegaConf.merge(OmegaConf.create(base), self.overrides)
+
+
+def _torchtune_version():
+    import importlib.metadata
+    return importlib.metadata.version("torchtune")
 
 
 # scenario loss -> (torchtune component, its arguments); all three are token means.

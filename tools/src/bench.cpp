@@ -195,7 +195,8 @@ double time_run(const harness::VariantSpec& v, const scenarios::Scenario& s) {
 }  // namespace
 
 int python_bench_command(const std::string& python_variant, const std::string& cpp_variant,
-                         int repeat, double startup_seconds) {
+                         int repeat, double startup_seconds,
+                         const std::function<scenarios::Scenario(scenarios::Scenario)>& adapt) {
   const harness::VariantSpec& py = harness::find_variant(python_variant);
   const harness::VariantSpec& cpp = harness::find_variant(cpp_variant);
   fmt::print("gradnorm bench: {} (Python) against {} (C++), ranks as threads, median of {} runs\n"
@@ -203,13 +204,15 @@ int python_bench_command(const std::string& python_variant, const std::string& c
              "Loading the Python step took {:.3f} s (interpreter start and import torch included "
              "when it was the first).\n\n",
              py.name, cpp.name, repeat, startup_seconds);
-  fmt::print("{:<32} {:>6} {:>6} {:>12} {:>12} {:>14} {:>8}\n", "scenario", "ranks", "steps",
+  fmt::print("{:<44} {:>6} {:>6} {:>12} {:>12} {:>14} {:>8}\n", "scenario", "ranks", "steps",
              "C++ ms", "Python ms", "overhead ms", "ratio");
   for (const char* name : {"single/n5/float32", "single/accum2-ragged/float32",
                            "single/n5-momentum-3steps/float32", "dist/5-3/float32",
                            "dist/8-ranks-ragged/float32", "dist/32-ranks-ragged/float32"}) {
-    const scenarios::Scenario& s = scenarios::find_scenario(name);
+    const scenarios::Scenario s = adapt ? adapt(scenarios::find_scenario(name)) : scenarios::find_scenario(name);
     if (harness::not_applicable(py, s) || harness::not_applicable(cpp, s)) continue;
+    // A model from a file is built once before it is timed, as `run` builds it before any row.
+    if (scenarios::model_from_file(s.model)) (void)harness::make_model(s, harness::ModelConfig{s.model});
     std::vector<double> cpp_seconds, py_seconds;
     (void)time_run(cpp, s);  // warm both once
     (void)time_run(py, s);
@@ -218,7 +221,7 @@ int python_bench_command(const std::string& python_variant, const std::string& c
       py_seconds.push_back(time_run(py, s));
     }
     const double c = median(cpp_seconds) * 1e3, p = median(py_seconds) * 1e3;
-    fmt::print("{:<32} {:>6} {:>6} {:>12.3f} {:>12.3f} {:>14.3f} {:>7.2f}x\n", name, s.world_size,
+    fmt::print("{:<44} {:>6} {:>6} {:>12.3f} {:>12.3f} {:>14.3f} {:>7.2f}x\n", s.name, s.world_size,
                s.steps, c, p, (p - c) / s.steps, p / c);
   }
   fmt::print("\noverhead ms is per optimizer step of the whole run (every rank together).\n");

@@ -2,8 +2,11 @@
 // `gradnorm bench`: seconds per scenario and peak memory for ranks as threads and as Gloo
 // processes. Prints figures; asserts nothing about them.
 
+#include <functional>
 #include <string>
 #include <vector>
+
+#include "gradnorm/scenarios/scenario.hpp"
 
 namespace gradnorm::tools {
 
@@ -24,8 +27,11 @@ int scale_pass_bench_command(long max_elements, int repeat);
 // The per-step cost of a Python step against its C++ counterpart, ranks as threads on the
 // same scenarios, runs alternating; `startup_seconds` is what loading the step cost (the
 // interpreter's start and `import torch` included, when it was the first).
+// `adapt` turns each timed catalogue scenario into the one both steps run (a recipe's
+// model substitution); identity by default.
 int python_bench_command(const std::string& python_variant, const std::string& cpp_variant,
-                         int repeat, double startup_seconds);
+                         int repeat, double startup_seconds,
+                         const std::function<scenarios::Scenario(scenarios::Scenario)>& adapt = {});
 
 // One measurement in a fresh process (so its peak memory is its own): runs the catalogue
 // scenario with `ranks` ranks `repeat` times and writes "median min" seconds to `out_path`.

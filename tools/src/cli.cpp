@@ -142,8 +142,8 @@ struct PythonStepOptions {
 
 void add_recipe_options(CLI::App& command, PythonStepOptions& options);
 
-// `recipes`: the command also takes --recipe (run only, so far: fuzz and bench would judge
-// nothing, their generated scenarios having built-in models).
+// `recipes`: the command also takes --recipe (run and bench; fuzz's generated scenarios have
+// built-in models, on which a recipe judges nothing, so fuzz does not take it yet).
 void add_python_step_options(CLI::App& command, PythonStepOptions& options, bool recipes = false) {
   if (recipes) add_recipe_options(command, options);
   command.add_option("--python-step", options.source,
@@ -972,7 +972,7 @@ int run_command_line(int argc, char** argv) {
   bench->add_option("--processes", bench_options.process_ranks, "world sizes to run as processes")
       ->check(CLI::IsMember({2, 4, 8, 32, 64}));
   PythonStepOptions bench_python_step;
-  add_python_step_options(*bench, bench_python_step);
+  add_python_step_options(*bench, bench_python_step, /*recipes=*/true);
   std::string bench_against;
   long scale_pass_max = 0;
   bench->add_option("--scale-pass", scale_pass_max,
@@ -1063,7 +1063,9 @@ int run_command_line(int argc, char** argv) {
       if (scale_pass_max > 0) return tools::scale_pass_bench_command(scale_pass_max, bench_options.repeat);
       if (bench_growth) return tools::growth_bench_command(bench_options.repeat);
       if (!bench_floor.empty()) return tools::floor_bench_command(bench_floor);
-      if (bench_python_step.source.empty()) return tools::bench_command(bench_options);
+      if (bench_python_step.source.empty() && bench_python_step.recipe.empty()) {
+        return tools::bench_command(bench_options);
+      }
       const auto start = std::chrono::steady_clock::now();
       const std::vector<std::string> declared = declare_steps(bench_python_step, {});
       const double startup =
@@ -1073,7 +1075,14 @@ int run_command_line(int argc, char** argv) {
         against = bench_python_step.findings_of.empty() ? bench_python_step.reference
                                                         : bench_python_step.findings_of;
       }
-      return tools::python_bench_command(declared.front(), against, bench_options.repeat, startup);
+      const bool recipe = !bench_python_step.recipe.empty();
+      return tools::python_bench_command(
+          declared.front(), against, bench_options.repeat, startup,
+          [&](scenarios::Scenario s) {
+            if (!recipe) return s;
+            std::vector<scenarios::Scenario> one = with_recipe_model({std::move(s)}, bench_python_step, true);
+            return one.front();
+          });
     }
     if (*stream) return tools::stream_command(stream_options);
     if (*export_cmd) {
