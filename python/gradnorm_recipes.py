@@ -204,6 +204,11 @@ class Optimizer(torch.optim.Optimizer):
         return [p for group in self.param_groups for p in group["params"]]
 
 
+def constant_lr(optimizer, num_training_steps=None, last_epoch=-1, **_ignored):
+    """The recipe's scheduler: a factor of 1 at every step (the scenario's rate holds)."""
+    return torch.optim.lr_scheduler.LambdaLR(optimizer, lambda _step: 1.0, last_epoch=last_epoch)
+
+
 def _cleanup_before_training():
     import gc
     gc.collect()
@@ -359,7 +364,7 @@ class Recipe:
             return "no torchtune loss for the scenario's loss %s" % scenario["loss"]
         return None
 
-    def config(self, scenario, output_dir):
+    def config(self, scenario, output_dir, model_config=None):
         from omegaconf import OmegaConf
         clip = scenario["clip_max_norm"]
         loss_component, loss_args = _LOSSES[scenario["loss"]]
@@ -385,7 +390,12 @@ class Recipe:
             "enable_activation_offloading": False,
             "log_every_n_steps": 1,
             "log_peak_memory_stats": False,
-            "model": {"_component_": here + ".model"},
+            # A model function may say what a recipe reads from its model section (the LoRA
+            # recipes read cfg.model.lora_rank, lora_attn_modules, ...): its torchtune_config.
+            "model": dict(model_config or {}, _component_=here + ".model"),
+            # The LoRA recipes require a scheduler; the learning rate is the scenario's, which
+            # the harness's optimizer applies, so this one keeps it constant.
+            "lr_scheduler": {"_component_": here + ".constant_lr"},
             "tokenizer": {"_component_": here + ".Tokenizer"},
             "checkpointer": {"_component_": here + ".Checkpointer"},
             "dataset": {"_component_": here + ".Dataset"},
@@ -463,7 +473,8 @@ class _Run:
         self._greenlet = greenlet(self._main)
 
     def _main(self):
-        cfg = self.recipe.config(self.scenario, self._output.name)
+        cfg = self.recipe.config(self.scenario, self._output.name,
+                                 getattr(self.model_function, "torchtune_config", None))
         try:
             instance = self.recipe.cls(cfg=cfg)
         except _gt.GradnormUnsupported:

@@ -47,6 +47,15 @@ expect "tiny_llama/dist/5-3/float32          torchtune/full_finetune_distributed
 row tiny_llama/dist/0-8/float32 "$distributed" fail dist.txt
 expect "dist: exit 1" dist.txt
 
+# The LoRA recipes, on torchtune's LoRA decoder (tiny_llama.py:tiny_llama_lora, base frozen).
+"$gradnorm" run --recipe torchtune:lora_finetune_single_device -v baseline \
+  -s single/accum2-ragged/float32 -s single/accum2-empty-first-mean_ce/float32 > lora.txt 2>&1
+row tiny_llama_lora/single/accum2-ragged/float32 torchtune/lora_finetune_single_device pass lora.txt
+row tiny_llama_lora/single/accum2-empty-first-mean_ce/float32 torchtune/lora_finetune_single_device fail lora.txt
+"$gradnorm" run --recipe torchtune:lora_finetune_distributed --nproc 2 -v baseline \
+  -s dist/5-3/float32 > lora-dist.txt 2>&1
+row tiny_llama_lora/dist/5-3/float32 torchtune/lora_finetune_distributed pass lora-dist.txt
+
 first="$source_dir/examples/torchtune/first_label.toml"
 "$gradnorm" run -f "$first" --recipe torchtune:full_finetune_single_device -v baseline \
   > first-single.txt 2>&1
@@ -94,4 +103,11 @@ row tt/accum2-ragged/float32 tt/full-single pass file.txt
 row tt/accum2-ragged/float32 tt/full-single-chunked pass file.txt
 expect "3 rows: 3 pass, 0 fail" file.txt
 expect "file: exit 0" file.txt
+
+# The cost of a real recipe beside its transcription (figures printed, never asserted).
+"$gradnorm" bench --recipe torchtune:full_finetune_single_device --repeat 1 > bench.txt 2>&1
+echo "bench: exit $?" >> bench.txt
+expect "gradnorm bench: torchtune/full_finetune_single_device (Python) against baseline (C++)" bench.txt
+expect "tiny_llama/single/n5/float32" bench.txt
+expect "bench: exit 0" bench.txt
 exit $failed

@@ -561,7 +561,9 @@ bool run_has_recipe(const RunOptions& options) {
 std::vector<scenarios::Scenario> with_recipe_model(std::vector<scenarios::Scenario> list,
                                                    const PythonStepOptions& step, bool recipes) {
   if (!recipes) return list;
-  const std::string spec = step.recipe_model.empty() ? python::default_recipe_model() : step.recipe_model;
+  std::string spec = step.recipe_model.empty() ? python::default_recipe_model() : step.recipe_model;
+  // A LoRA recipe trains adapters: its default model is the same decoder with LoRA on q, v.
+  if (step.recipe_model.empty() && step.recipe.find("lora") != std::string::npos) spec += "_lora";
   scenarios::Scenario probe;
   constexpr std::string_view kPython = "python:";
   if (spec.rfind(kPython, 0) == 0) {
