@@ -27,9 +27,7 @@ What is replaced from outside the recipe (module attributes, the recipe file unt
 listed in ``REPLACED`` and in the README.
 """
 
-import copy
 import functools
-import importlib.util
 import os
 import sys
 import tempfile
@@ -285,16 +283,6 @@ def _prepare_environment():
     _ENV_READY = True
 
 
-def _load_recipe_module(path, module_name):
-    spec = importlib.util.spec_from_file_location(module_name, path)
-    if spec is None or spec.loader is None:
-        raise ImportError("cannot load %s as a Python module" % path)
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[module_name] = module
-    spec.loader.exec_module(module)
-    return module
-
-
 def _recipe_class(module, path):
     # torchtune.recipe_interfaces.FTRecipeInterface is a Protocol (no isinstance): a recipe
     # class is a class of the file with its setup, train and cleanup.
@@ -316,7 +304,7 @@ class Recipe:
         self.file = path
         self.args = list(args)
         _prepare_environment()
-        self.module = _load_recipe_module(path, module_name)
+        self.module = _gt.import_file(path, module_name)
         self.cls = _recipe_class(self.module, path)
         self.distributed = "init_process_group" in vars(self.module)
         # The names the recipe module imported, replaced in its own namespace only.

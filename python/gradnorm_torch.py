@@ -369,6 +369,17 @@ def _check_imports(folder, path):
                 "one" % (clash, loaded, _step_folders[owner], name))
 
 
+def import_file(path, module_name):
+    """Imports the file at ``path`` as the module ``module_name`` (in sys.modules)."""
+    spec = importlib.util.spec_from_file_location(module_name, path)
+    if spec is None or spec.loader is None:
+        raise ImportError("cannot load %s as a Python module" % path)
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[module_name] = module
+    spec.loader.exec_module(module)
+    return module
+
+
 def load_step(path, function, module_name):
     """Imports the user's file as its own module and returns its step function."""
     folder = os.path.dirname(os.path.abspath(path))
@@ -376,12 +387,7 @@ def load_step(path, function, module_name):
     if folder not in sys.path:
         sys.path.insert(0, folder)
     _step_folders.setdefault(folder, path)
-    spec = importlib.util.spec_from_file_location(module_name, path)
-    if spec is None or spec.loader is None:
-        raise ImportError("cannot load %s as a Python module" % path)
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[module_name] = module
-    spec.loader.exec_module(module)
+    module = import_file(path, module_name)
     _check_imports(folder, path)
     step = getattr(module, function, None)
     if step is None:

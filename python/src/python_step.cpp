@@ -457,6 +457,19 @@ std::optional<std::string> ask_cannot_run(const LoadedStep& step, const scenario
   }
 }
 
+// What every Python-side variant (a step file, a recipe) runs and skips, and the findings
+// it expects when it transcribes another variant.
+void bind_step(harness::VariantSpec& spec, const LoadedStep& loaded, const std::string& findings_of) {
+  spec.make = [&loaded] { return std::make_unique<PythonStep>(loaded); };
+  spec.cannot_run = [&loaded](const scenarios::Scenario& s) { return ask_cannot_run(loaded, s); };
+  if (!findings_of.empty()) {
+    const harness::VariantSpec& original = harness::find_variant(findings_of);
+    spec.findings = [original](const scenarios::Scenario& s, const harness::ContractFacts& facts) {
+      return harness::documented_finding(original, s, facts);
+    };
+  }
+}
+
 }  // namespace
 
 StepSource parse_step_source(const std::string& text) {
@@ -531,14 +544,7 @@ harness::VariantSpec make_python_variant(const PythonVariant& variant) {
   spec.role = variant.role;
   spec.reference = variant.role == harness::Role::reference ? spec.name : variant.reference;
   spec.summary = fmt::format("Python step {}:{}", variant.source.file, variant.source.function);
-  spec.make = [&loaded] { return std::make_unique<PythonStep>(loaded); };
-  spec.cannot_run = [&loaded](const scenarios::Scenario& s) { return ask_cannot_run(loaded, s); };
-  if (!variant.findings_of.empty()) {
-    const harness::VariantSpec& original = harness::find_variant(variant.findings_of);
-    spec.findings = [original](const scenarios::Scenario& s, const harness::ContractFacts& facts) {
-      return harness::documented_finding(original, s, facts);
-    };
-  }
+  bind_step(spec, loaded, variant.findings_of);
   return spec;
 }
 
@@ -586,14 +592,7 @@ harness::VariantSpec make_recipe_variant(const RecipeVariant& variant) {
   spec.role = harness::Role::candidate;
   spec.reference = variant.reference;
   spec.summary = fmt::format("{}, unmodified ({})", variant.spec, loaded.file);
-  spec.make = [&loaded] { return std::make_unique<PythonStep>(loaded); };
-  spec.cannot_run = [&loaded](const scenarios::Scenario& s) { return ask_cannot_run(loaded, s); };
-  if (!variant.findings_of.empty()) {
-    const harness::VariantSpec& original = harness::find_variant(variant.findings_of);
-    spec.findings = [original](const scenarios::Scenario& s, const harness::ContractFacts& facts) {
-      return harness::documented_finding(original, s, facts);
-    };
-  }
+  bind_step(spec, loaded, variant.findings_of);
   return spec;
 }
 
