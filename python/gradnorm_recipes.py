@@ -15,7 +15,12 @@ config whose ``_component_`` entries point here:
 * ``optimizer``: a torch optimizer whose ``step()`` hands the gradients the recipe produced
   to the harness's recording optimizer, which steps the harness's parameters; the updated
   values are copied back into the recipe's model;
-* ``metric_logger``: keeps the ``loss`` and ``grad_norm`` the recipe logs.
+* ``metric_logger``: keeps the ``loss`` and ``grad_norm`` the recipe logs;
+* for a distilling recipe, ``teacher_model`` (the scenario's model function again) and
+  ``teacher_checkpointer`` (the harness's frozen teacher, ``ctx.teacher``), with torchtune's
+  forward-KL loss and the scenario's ``kd_ratio``;
+* for a QAT recipe, torchtune's own QAT quantizer, its fake quantisation held off past the
+  last step by the recipe's ``fake_quant_after_n_steps`` (the oracle has none).
 
 The loss is torchtune's own (the scenario's loss kind names which). Everything that counts,
 scales, reduces, clips, steps or logs is the recipe's code. The recipe runs as one training
@@ -88,6 +93,31 @@ def model(**_ignored):
                              run.scenario["sequence_length"], run.scenario["seed"])
     run.recipe_model = module
     return module
+
+
+def teacher_model(**_ignored):
+    """A distilling recipe's teacher: the scenario's Python-file model again (its weights come
+    from the teacher checkpointer)."""
+    run = _current_run()
+    return _gt.build_model(run.model_function, run.model_file, run.model_file,
+                           run.scenario["vocab_size"], run.scenario["hidden_size"],
+                           run.scenario["sequence_length"], run.scenario["seed"])
+
+
+class TeacherCheckpointer:
+    """Loads the harness's frozen teacher (the scenario's model built from the teacher's own
+    seed stream, the one the oracle distils from)."""
+
+    def __init__(self, **_ignored):
+        self._run = _current_run()
+
+    def load_checkpoint(self):
+        teacher = self._run.ctx.teacher
+        if teacher is None:
+            raise RuntimeError("a distilling recipe ran without the harness's teacher")
+        with torch.no_grad():
+            state = {name: tensor.detach().clone() for name, tensor in teacher.state_dict().items()}
+        return {"model": state}
 
 
 class Checkpointer:
@@ -307,6 +337,16 @@ class Recipe:
         self.module = _gt.import_file(path, module_name)
         self.cls = _recipe_class(self.module, path)
         self.distributed = "init_process_group" in vars(self.module)
+        # A recipe that reads cfg.teacher_model distils: the oracle then judges
+        # (1 - kd_ratio) * CE + kd_ratio * forward KL against the harness's teacher.
+        with open(path, encoding="utf-8") as source:
+            text = source.read()
+        self.distils = "cfg.teacher_model" in text
+        # A QAT recipe fake-quantises its linears (torchao) once its quantizer prepared the
+        # model; gradnorm's oracle has no torchao fake quantisation, so the forward must stay
+        # the model's: the recipe's own fake_quant_after_n_steps holds it off for the run.
+        self.quantizes = 'cfg.get("quantizer"' in text
+        self.delays_fake_quant = 'cfg.get("fake_quant_after_n_steps"' in text
         # The names the recipe module imported, replaced in its own namespace only.
         if "init_process_group" in vars(self.module):
             self.module.init_process_group = _init_process_group
@@ -344,6 +384,11 @@ class Recipe:
             return ("a distributed recipe needs a torch.distributed process group, which "
                     "gradnorm's ranks have only as processes: run it with --nproc W (rank "
                     "processes over Gloo), torchrun or Slurm")
+        if self.quantizes and not self.delays_fake_quant:
+            return ("the recipe fake-quantises its linears from the first step (its quantizer "
+                    "prepares the model and it reads no fake_quant_after_n_steps) and gradnorm's "
+                    "oracle has no torchao fake quantisation: the normalisation cannot be judged "
+                    "apart from the quantisation error")
         if scenario["loss"] not in _LOSSES:
             import torchtune.modules.loss as losses
             if scenario["loss"] == "linear_ce" and not hasattr(losses, "LinearCrossEntropyLoss"):
@@ -393,6 +438,27 @@ class Recipe:
             "metric_logger": {"_component_": here + ".MetricLogger"},
             "profiler": {"enabled": False},
         }
+        if self.quantizes:
+            # torchtune's own QAT quantizer (int8 dynamic activations, int4 grouped weights),
+            # its fake quantisation held off past the scenario's last step.
+            hidden = int(scenario["hidden_size"])
+            base.update({
+                "quantizer": {"_component_":
+                              "torchtune.training.quantization.Int8DynActInt4WeightQATQuantizer",
+                              "groupsize": hidden},
+                "fake_quant_after_n_steps": int(scenario["steps"]) + 1,
+            })
+        if self.distils:
+            kd_component, kd_args = _KD_LOSSES[scenario["loss"]]
+            kd_loss = {"_component_": kd_component}
+            if "num_output_chunks" in kd_args:
+                kd_loss["num_output_chunks"] = int(scenario["loss_chunks"])
+            base.update({
+                "teacher_model": dict(model_config or {}, _component_=here + ".teacher_model"),
+                "teacher_checkpointer": {"_component_": here + ".TeacherCheckpointer"},
+                "kd_loss": kd_loss,
+                "kd_ratio": float(scenario["kd_ratio"]),
+            })
         return OmegaConf.merge(OmegaConf.create(base), self.overrides)
 
 
@@ -407,6 +473,12 @@ _LOSSES = {
     "chunked_ce": ("torchtune.modules.loss.CEWithChunkedOutputLoss", ("num_output_chunks",)),
 }
 
+# scenario loss -> the distilling recipes' forward-KL loss of the same shape (torchtune's own).
+_KD_LOSSES = {
+    "mean_ce": ("torchtune.modules.loss.ForwardKLLoss", ()),
+    "chunked_ce": ("torchtune.modules.loss.ForwardKLWithChunkedOutputLoss", ("num_output_chunks",)),
+}
+
 # Config keys the scenario decides: a --recipe-arg may not set them, since the oracle judges
 # the scenario.
 _OWNED = {
@@ -418,6 +490,10 @@ _OWNED = {
     "optimizer": "optimizer", "metric_logger": "(gradnorm keeps what the recipe logs)",
     "shuffle": "(the dataset order is the scenario's)",
     "resume_from_checkpoint": "(every run starts from the initial parameters)",
+    "kd_ratio": "kd_ratio", "teacher_model": "(the scenario's model, the teacher's weights)",
+    "teacher_checkpointer": "(the harness's teacher)",
+    "quantizer": "(torchtune's QAT quantizer, its fake quantisation held off)",
+    "fake_quant_after_n_steps": "(after the last step: the oracle has no fake quantisation)",
 }
 
 
@@ -650,4 +726,5 @@ def load_recipe(framework, target, args, module_name):
     if key not in _loaded:
         _loaded[key] = Recipe(name, path, args, module_name)
     recipe = _loaded[key]
-    return recipe.file, make_step(recipe), recipe.cannot_run
+    objective = "knowledge_distillation" if recipe.distils else "scenario_loss"
+    return recipe.file, make_step(recipe), recipe.cannot_run, objective

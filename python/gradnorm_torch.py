@@ -278,8 +278,10 @@ class StepContext:
     Refusal = Refusal
 
     def __init__(self, *, model, micro_batches, loss_fn, optimizer, max_norm, rank,
-                 world_size, step_index, scenario, state, average_gradients):
+                 world_size, step_index, scenario, state, average_gradients, teacher=None):
         self.model = model
+        # A distilling variant's frozen teacher (a recipe with a teacher model), else None.
+        self.teacher = teacher
         self.micro_batches = micro_batches
         self.loss_fn = loss_fn
         self.optimizer = optimizer
@@ -483,6 +485,7 @@ class _Rank:
         self.group = None if _process_is_initialized() else RankGroup(
             handle.rank, handle.world_size, handle.all_reduce_sum, handle.barrier)
         self.state = {}
+        self.teacher = handle.teacher_model()
 
 
 def bind(handle):
@@ -590,6 +593,7 @@ def run_step(step, rank):
         scenario=handle.scenario(),
         state=rank.state,
         average_gradients=handle.average_gradients,
+        teacher=rank.teacher,
     )
     saved = (torch.get_default_dtype(), torch.is_grad_enabled(), torch.get_num_threads(),
              torch.are_deterministic_algorithms_enabled())

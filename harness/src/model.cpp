@@ -260,6 +260,14 @@ std::unique_ptr<Model> make_model(const scenarios::Scenario& scenario, ModelConf
           "program does not link (gradnorm::python)",
           scenario.name, scenario.model_file, scenario.model_function));
     }
+    if (config.teacher) {
+      // A distilling recipe's teacher: the same function, built from the teacher's own seed
+      // stream (as the built-in teachers are drawn), so its logits differ from the student's
+      // from the first step. Used under no_grad only.
+      scenarios::Scenario drawn = scenario;
+      drawn.seed = derive_seed(scenario.seed, {kTeacherStream});
+      return loader(drawn);
+    }
     return loader(scenario);
   }
   return std::make_unique<ZooModel>(scenario, config);

@@ -73,6 +73,7 @@ py::dict scenario_facts(const scenarios::Scenario& s) {
   d["model_function"] = s.model_function;
   d["loss"] = std::string(to_string(s.loss));
   d["loss_chunks"] = s.loss_chunks;
+  d["kd_ratio"] = s.kd_ratio;
   d["optimizer"] = std::string(to_string(s.optimizer));
   d["learning_rate"] = s.learning_rate;
   d["momentum"] = s.momentum;
@@ -154,6 +155,12 @@ class RankHandle {
   }
   // The scenario's torch.nn.Module for a model from a Python file, else None.
   py::object python_model() const { return detail::module_of(context().model()); }
+  // A distilling variant's frozen teacher (VariantSpec::objective), when it is a model from a
+  // Python file, else None.
+  py::object teacher_model() const {
+    const harness::Model* teacher = context().teacher();
+    return teacher == nullptr ? py::none() : detail::module_of(*teacher);
+  }
   std::vector<std::tuple<at::Tensor, at::Tensor, at::Tensor>> micro_batches() const {
     std::vector<std::tuple<at::Tensor, at::Tensor, at::Tensor>> out;
     for (const harness::MicroBatch& b : context().micro_batches()) {
@@ -214,6 +221,7 @@ void gradnorm::python::detail::define_native_module(py::module_& m) {
       .def("optimizer_facts", &RankHandle::optimizer_facts)
       .def("parameters", &RankHandle::parameters)
       .def("python_model", &RankHandle::python_model)
+      .def("teacher_model", &RankHandle::teacher_model)
       .def("micro_batches", &RankHandle::micro_batches)
       .def("logits", &RankHandle::logits, release())
       .def("loss", &RankHandle::loss, release())
@@ -550,7 +558,8 @@ harness::VariantSpec make_python_variant(const PythonVariant& variant) {
 
 namespace {
 
-const LoadedStep& load_recipe(const RecipeVariant& variant, std::string& name) {
+const LoadedStep& load_recipe(const RecipeVariant& variant, std::string& name,
+                              harness::Objective& objective) {
   const auto colon = variant.spec.find(':');
   if (colon == std::string::npos || colon == 0 || colon + 1 == variant.spec.size()) {
     throw InvalidInput(fmt::format("--recipe '{}': expected FRAMEWORK:NAME or FRAMEWORK:PATH.py "
@@ -569,6 +578,9 @@ const LoadedStep& load_recipe(const RecipeVariant& variant, std::string& name) {
     step->file = loaded[0].cast<std::string>();
     step->function = py::object(loaded[1]).release().ptr();
     step->cannot_run = py::object(loaded[2]).release().ptr();
+    objective = loaded[3].cast<std::string>() == "knowledge_distillation"
+                    ? harness::Objective::knowledge_distillation
+                    : harness::Objective::scenario_loss;
   } catch (py::error_already_set& error) {
     delete step;
     const auto [type, message] = describe(error, target);
@@ -586,9 +598,11 @@ std::string default_recipe_model() { return GRADNORM_RECIPE_MODEL; }
 
 harness::VariantSpec make_recipe_variant(const RecipeVariant& variant) {
   std::string name;
-  const LoadedStep& loaded = load_recipe(variant, name);
+  harness::Objective objective = harness::Objective::scenario_loss;
+  const LoadedStep& loaded = load_recipe(variant, name, objective);
   harness::VariantSpec spec;
   spec.name = name;
+  spec.objective = objective;
   spec.role = harness::Role::candidate;
   spec.reference = variant.reference;
   spec.summary = fmt::format("{}, unmodified ({})", variant.spec, loaded.file);

@@ -11,11 +11,6 @@ gradnorm="$1"
 source_dir="$2"
 work="$3"
 source "$(dirname "${BASH_SOURCE[0]}")/torchtune_common.sh"
-row() {  # row SCENARIO VARIANT VERDICT FILE: the table row has that verdict
-  if ! grep -qE "^$1 +$2 +[0-9]+ $3 " "$4"; then
-    echo "FAIL: no row '$1 $2 ... $3' in $4:"; cat "$4"; failed=1
-  fi
-}
 single=torchtune/full_finetune_single_device
 distributed=torchtune/full_finetune_distributed
 
@@ -43,7 +38,12 @@ expect "single: exit 1" single.txt
   -s dist/5-3/float32 -s dist/0-8/float32 > dist.txt 2>&1
 echo "dist: exit $?" >> dist.txt
 row tiny_llama/dist/5-3/float32 "$distributed" pass dist.txt
-expect "tiny_llama/dist/5-3/float32          torchtune/full_finetune_distributed   8 pass           agree    1.15e-07      1042         0         -   yes  ok" dist.txt
+# Bit-equal to the transcription (=ref yes). The error figures themselves are the CPU's: MKL
+# and ATen pick other kernels on an AVX2 machine than on an AVX-512 one (1.09e-7 and 1.15e-7
+# measured), so the row's figures are not asserted.
+if ! grep -qE "^tiny_llama/dist/5-3/float32 +$distributed +8 pass +agree .* yes +ok$" dist.txt; then
+  echo "FAIL: dist/5-3 is not bit-equal to its transcription in dist.txt:"; cat dist.txt; failed=1
+fi
 row tiny_llama/dist/0-8/float32 "$distributed" fail dist.txt
 expect "dist: exit 1" dist.txt
 

@@ -142,8 +142,7 @@ struct PythonStepOptions {
 
 void add_recipe_options(CLI::App& command, PythonStepOptions& options);
 
-// `recipes`: the command also takes --recipe (run and bench; fuzz's generated scenarios have
-// built-in models, on which a recipe judges nothing, so fuzz does not take it yet).
+// `recipes`: the command also takes --recipe (run, bench and fuzz).
 void add_python_step_options(CLI::App& command, PythonStepOptions& options, bool recipes = false) {
   if (recipes) add_recipe_options(command, options);
   command.add_option("--python-step", options.source,
@@ -562,8 +561,12 @@ std::vector<scenarios::Scenario> with_recipe_model(std::vector<scenarios::Scenar
                                                    const PythonStepOptions& step, bool recipes) {
   if (!recipes) return list;
   std::string spec = step.recipe_model.empty() ? python::default_recipe_model() : step.recipe_model;
-  // A LoRA recipe trains adapters: its default model is the same decoder with LoRA on q, v.
-  if (step.recipe_model.empty() && step.recipe.find("lora") != std::string::npos) spec += "_lora";
+  // A LoRA recipe trains adapters, and so do torchtune's distilling recipes (their student
+  // is a LoRA model): the default model is then the same decoder with LoRA on q and v.
+  if (step.recipe_model.empty() && (step.recipe.find("lora") != std::string::npos ||
+                                    step.recipe.find("knowledge_distillation") != std::string::npos)) {
+    spec += "_lora";
+  }
   scenarios::Scenario probe;
   constexpr std::string_view kPython = "python:";
   if (spec.rfind(kPython, 0) == 0) {
@@ -962,7 +965,7 @@ int run_command_line(int argc, char** argv) {
   fuzz->add_option("--seed", fuzz_options.seed, "generator seed; the same seed replays the same cases")
       ->check(seed_number);
   PythonStepOptions fuzz_python_step;
-  add_python_step_options(*fuzz, fuzz_python_step);
+  add_python_step_options(*fuzz, fuzz_python_step, /*recipes=*/true);
 
   tools::BenchOptions bench_options;
   CLI::App* bench = app.add_subcommand(
@@ -1093,6 +1096,25 @@ int run_command_line(int argc, char** argv) {
     if (*fuzz) {
       const std::vector<std::string> declared = declare_steps(fuzz_python_step, {});
       if (fuzz_options.variants.empty()) fuzz_options.variants = declared;
+      if (!fuzz_python_step.recipe.empty()) {
+        if (!fuzz_python_step.source.empty()) {
+          throw scenarios::InvalidInput("fuzz: --recipe and --python-step each need a run of "
+                                        "their own; give one");
+        }
+        fuzz_options.variants = declared;
+        fuzz_options.recipe_model = [step = fuzz_python_step](scenarios::Scenario s) {
+          return with_recipe_model({std::move(s)}, step, true).front();
+        };
+        // The generated scenarios run on one device, ranks as threads: a recipe that needs
+        // more (a process group) is refused before any case runs.
+        scenarios::Scenario probe = fuzz_options.recipe_model(scenarios::Scenario{});
+        if (auto why = harness::not_applicable(harness::find_variant(declared.front()), probe)) {
+          throw scenarios::InvalidInput(fmt::format(
+              "fuzz --recipe {}: {} (fuzz generates one-device scenarios and runs them in this "
+              "process; judge it with gradnorm run --recipe ... --nproc W)",
+              fuzz_python_step.recipe, *why));
+        }
+      }
       return tools::fuzz_command(fuzz_options);
     }
     if (*bench_one) {

@@ -3,8 +3,11 @@
 // scenarios; what ctest runs bounded, run for as long as asked.
 
 #include <cstdint>
+#include <functional>
 #include <string>
 #include <vector>
+
+#include "gradnorm/scenarios/scenario.hpp"
 
 namespace gradnorm::tools {
 
@@ -14,6 +17,9 @@ struct FuzzOptions {
   // Steps to fuzz (names or patterns): each must agree with the oracle wherever its
   // reference does. Empty: the harness's own properties.
   std::vector<std::string> variants;
+  // Real recipe code (--recipe): the generated single-device scenarios get their causal LM
+  // replaced by the recipe's Python-file model, the one property fuzzed on them.
+  std::function<scenarios::Scenario(scenarios::Scenario)> recipe_model{};
 };
 
 // 0 when every property held; 1 with the smallest counter-example printed as a scenario.
