@@ -88,20 +88,27 @@ def model(**_ignored):
     """The scenario's Python-file model, built as the recipe builds any builder (under its
     default dtype and device: torch.device("meta") in the distributed recipes)."""
     run = _current_run()
-    module = _gt.build_model(run.model_function, run.model_file, run.model_file,
-                             run.scenario["vocab_size"], run.scenario["hidden_size"],
-                             run.scenario["sequence_length"], run.scenario["seed"])
-    run.recipe_model = module
-    return module
+    run.recipe_model = _build_scenario_model(run)
+    return run.recipe_model
 
 
 def teacher_model(**_ignored):
     """A distilling recipe's teacher: the scenario's Python-file model again (its weights come
     from the teacher checkpointer)."""
-    run = _current_run()
-    return _gt.build_model(run.model_function, run.model_file, run.model_file,
-                           run.scenario["vocab_size"], run.scenario["hidden_size"],
-                           run.scenario["sequence_length"], run.scenario["seed"])
+    return _build_scenario_model(_current_run())
+
+
+def _build_scenario_model(run):
+    s = run.scenario
+    return _gt.build_model(run.model_function, run.model_file, run.model_file, s["vocab_size"],
+                           s["hidden_size"], s["sequence_length"], s["seed"])
+
+
+def _checkpoint_of(module):
+    """A checkpointer's load_checkpoint() result: a copy of MODULE's state as the model."""
+    with torch.no_grad():
+        return {"model": {name: tensor.detach().clone()
+                          for name, tensor in module.state_dict().items()}}
 
 
 class TeacherCheckpointer:
@@ -115,9 +122,7 @@ class TeacherCheckpointer:
         teacher = self._run.ctx.teacher
         if teacher is None:
             raise RuntimeError("a distilling recipe ran without the harness's teacher")
-        with torch.no_grad():
-            state = {name: tensor.detach().clone() for name, tensor in teacher.state_dict().items()}
-        return {"model": state}
+        return _checkpoint_of(teacher)
 
 
 class Checkpointer:
@@ -131,10 +136,7 @@ class Checkpointer:
         self._run = _current_run()
 
     def load_checkpoint(self):
-        with torch.no_grad():
-            state = {name: tensor.detach().clone()
-                     for name, tensor in self._run.harness_model.state_dict().items()}
-        return {"model": state}
+        return _checkpoint_of(self._run.harness_model)
 
     def save_checkpoint(self, state_dict, epoch, intermediate_checkpoint=False, **_ignored):
         self._run.saved_epochs.append(int(epoch))
