@@ -4,6 +4,8 @@
 #include <fmt/ranges.h>
 #include <fnmatch.h>
 
+#include <algorithm>
+#include <stdexcept>
 #include <string>
 
 namespace gradnorm::scenarios {
@@ -339,6 +341,26 @@ std::vector<Scenario> build_catalogue() {
     add_each_dtype(out, zero);
   }
   add_meshes(out);
+  // Where the first label sits: training on the input leaves position 0's label valid. The
+  // shift drops it, so a count taken before the shift sees a token the loss never does
+  // (docs/design.md §14). Each first-valid/X is X with its first labels valid and nothing
+  // else changed: its seed too, and the first labels are drawn after every other draw
+  // (harness/src/batch.cpp), so the tokens, the shifted labels and the parameters are X's.
+  // A step given only the shifted labels sees X's numbers exactly; one given labels aligned
+  // with the tokens (a real recipe, a Python step) can tell the two apart.
+  for (const char* twin : {"single/n5", "single/accum2-ragged", "single/accum4-ragged", "dist/5-3",
+                           "dist/4-4", "dist/accum2-ragged"}) {
+    for (DType dtype : kDTypes) {
+      const std::string name = fmt::format("{}/{}", twin, to_string(dtype));
+      const auto masked = std::find_if(out.begin(), out.end(),
+                                       [&](const Scenario& s) { return s.name == name; });
+      if (masked == out.end()) throw std::logic_error("catalogue: no scenario " + name);
+      Scenario valid = *masked;
+      valid.name = "first-valid/" + name;
+      valid.first_label = FirstLabel::valid;
+      out.push_back(std::move(valid));
+    }
+  }
   for (const Scenario& s : out) validate(s);
   return out;
 }

@@ -56,20 +56,21 @@ row tiny_llama_lora/single/accum2-empty-first-mean_ce/float32 torchtune/lora_fin
   -s dist/5-3/float32 > lora-dist.txt 2>&1
 row tiny_llama_lora/dist/5-3/float32 torchtune/lora_finetune_distributed pass lora-dist.txt
 
-first="$source_dir/examples/torchtune/first_label.toml"
-"$gradnorm" run -f "$first" --recipe torchtune:full_finetune_single_device -v baseline \
-  > first-single.txt 2>&1
+# The catalogue's first-valid/X: X with each sequence's first label valid (training on the
+# input), nothing else changed.
+"$gradnorm" run -s 'first-valid/single/*/float32' --recipe torchtune:full_finetune_single_device \
+  -v baseline > first-single.txt 2>&1
 # The recipe counts labels before it shifts them: each sequence's valid first label is
 # counted but never in the loss. One micro-batch cancels; ragged accumulation does not.
-row tiny_llama/first-valid/n5/float32 "$single" pass first-single.txt
-row tiny_llama/first-valid/accum2-ragged/float32 "$single" fail first-single.txt
-row tiny_llama/first-valid/accum2-ragged/float32 baseline pass first-single.txt
-expect "step 0: gradients rel L2 error 0.154 > 1e-05" first-single.txt
-"$gradnorm" run -f "$first" --recipe torchtune:full_finetune_distributed --nproc 2 -v baseline \
-  > first-dist.txt 2>&1
-row tiny_llama/first-valid/5-3/float32 "$distributed" fail first-dist.txt
-row tiny_llama/first-valid/4-4/float32 "$distributed" pass first-dist.txt
-expect "every rank: step 0: gradients rel L2 error 0.0829 > 1e-05" first-dist.txt
+row tiny_llama/first-valid/single/n5/float32 "$single" pass first-single.txt
+row tiny_llama/first-valid/single/accum2-ragged/float32 "$single" fail first-single.txt
+row tiny_llama/first-valid/single/accum2-ragged/float32 baseline pass first-single.txt
+expect "step 0: gradients rel L2 error 0.0851 > 1e-05" first-single.txt
+"$gradnorm" run -s 'first-valid/dist/5-3/float32' -s 'first-valid/dist/4-4/float32' \
+  --recipe torchtune:full_finetune_distributed --nproc 2 -v baseline > first-dist.txt 2>&1
+row tiny_llama/first-valid/dist/5-3/float32 "$distributed" fail first-dist.txt
+row tiny_llama/first-valid/dist/4-4/float32 "$distributed" pass first-dist.txt
+expect "every rank: step 0: gradients rel L2 error 0.083 > 1e-05" first-dist.txt
 
 # Negative controls of the plumbing: bad input is exit 2 before anything runs.
 "$gradnorm" run --recipe torchtune:no_such_recipe -s single/n3/float32 > unknown.txt 2>&1

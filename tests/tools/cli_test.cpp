@@ -406,6 +406,49 @@ TEST(Cli, DigestsTellApartVariantsThatDifferInOneUlp) {
 }
 
 
+// scenario \t variant \t rank -> digest, from a --digests file.
+std::map<std::string, std::string> digests_by_row(const std::string& path) {
+  std::map<std::string, std::string> out;
+  std::istringstream lines(read_file(path));
+  std::string line;
+  while (std::getline(lines, line)) {
+    if (line.empty() || line[0] == '#') continue;
+    const auto last = line.rfind('\t');
+    out[line.substr(0, last)] = line.substr(last + 1);
+  }
+  return out;
+}
+
+// The rows of first-valid/X whose digest differs from X's, same variant and rank.
+std::vector<std::string> first_valid_rows_unlike_their_twin(const std::map<std::string, std::string>& d,
+                                                            int& compared) {
+  const std::string prefix = "first-valid/";
+  std::vector<std::string> unlike;
+  compared = 0;
+  for (const auto& [row, digest] : d) {
+    if (row.rfind(prefix, 0) != 0) continue;
+    ++compared;
+    const auto twin = d.find(row.substr(prefix.size()));
+    if (twin == d.end() || twin->second != digest) unlike.push_back(row);
+  }
+  return unlike;
+}
+
+// first-valid/X is X with its first labels valid and nothing else changed (catalogue.cpp):
+// a step given only the shifted labels (every built-in) must see X's numbers bit for bit.
+// This is also what lets a digest golden of another machine kind gain those rows from X's.
+TEST(Cli, FirstValidScenariosGiveShiftedLabelStepsTheirTwinsNumbers) {
+  TemporaryDirectory dir;
+  const std::string path = (dir.path() / "digests.tsv").string();
+  const std::vector<std::string> args = {"run", "-q", "--digests", path};
+  const CliResult r = run_cli(args);
+  ASSERT_EQ(r.exit_code, 0) << explain(args, r);
+  int compared = 0;
+  const std::vector<std::string> unlike = first_valid_rows_unlike_their_twin(digests_by_row(path), compared);
+  EXPECT_GT(compared, 400) << "too few first-valid rows in the default matrix";
+  EXPECT_TRUE(unlike.empty()) << unlike.size() << " rows differ from their twin, e.g. " << unlike.front();
+}
+
 // Python steps from the command line (docs/design.md §10).
 const std::string kPythonExamples = GRADNORM_SOURCE_DIR "/examples/python/";
 
@@ -455,6 +498,33 @@ TEST(PythonCli, FuzzingAPythonStepFindsTheSkipsCounterExample) {
   const CliResult failed = run_cli(bad);
   EXPECT_EQ(failed.exit_code, 1) << explain(bad, failed);
   EXPECT_TRUE(contains(failed.output, "per-token weights")) << explain(bad, failed);
+}
+
+// Negative control of FirstValidScenariosGiveShiftedLabelStepsTheirTwinsNumbers: a step that
+// counts the first labels (as a recipe counting before its shift does) tells them apart.
+TEST(PythonCli, AStepCountingTheFirstLabelsSeesFirstValidScenariosDiffer) {
+  TemporaryDirectory dir;
+  const std::string step = (dir.path() / "counts_first.py").string();
+  std::ofstream(step) << "import torch\n"
+                         "def step(ctx):\n"
+                         "    n = 0\n"
+                         "    for b in ctx.micro_batches:\n"
+                         "        n += int((b['labels'] != -100).sum()) + int((b['first_labels'] != -100).sum())\n"
+                         "        ctx.loss_fn(ctx.model(b['tokens']), b['labels']).mul((b['labels'] != -100).sum()).backward()\n"
+                         "    for p in ctx.model.parameters():\n"
+                         "        if p.grad is not None:\n"
+                         "            p.grad /= n\n"
+                         "    ctx.optimizer.step()\n"
+                         "    return {}\n";
+  const std::string path = (dir.path() / "digests.tsv").string();
+  const std::vector<std::string> args = {"run", "-q", "--python-step", step, "-s", "single/n5/float32",
+                                         "-s", "first-valid/single/n5/float32", "--digests", path};
+  const CliResult r = run_cli(args);
+  ASSERT_EQ(r.exit_code, 1) << explain(args, r);  // the first-valid row fails its check
+  int compared = 0;
+  const std::vector<std::string> unlike = first_valid_rows_unlike_their_twin(digests_by_row(path), compared);
+  EXPECT_EQ(compared, 1) << read_file(path);
+  EXPECT_EQ(unlike.size(), 1u) << read_file(path);
 }
 
 TEST(PythonCli, ExportWritesOneFilePerScenarioAndNothingOnBadInput) {
@@ -570,7 +640,7 @@ TEST(Reports, TheDefaultMatrixMarkdownFitsOneCommentAndItsJsonIsValid) {
   ASSERT_EQ(r.exit_code, 0) << explain(args, r);
   const std::string text = read_file(md);
   EXPECT_LE(text.size(), 65536u) << "the Markdown report is " << text.size() << " bytes";
-  EXPECT_TRUE(contains(text, "Documented findings reproduced: 603")) << text.substr(0, 2000);
+  EXPECT_TRUE(contains(text, "Documented findings reproduced: 654")) << text.substr(0, 2000);
   const CliResult valid = run_cli({"validate-report", json});
   EXPECT_EQ(valid.exit_code, 0) << valid.output;
   // A report with a field of the wrong kind is refused, naming where (negative control).
