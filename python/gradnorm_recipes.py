@@ -510,11 +510,13 @@ def _check_override(key):
 # --- one run of a recipe on one rank -------------------------------------------------------
 
 
-class _Run:
-    """The recipe's one training run on this rank: set up and resumed inside a greenlet."""
+class GreenletRun:
+    """A framework's one training run on this rank (a torchtune recipe, a Transformers
+    Trainer), run inside a greenlet of the rank's own thread and resumed once per gradnorm
+    step (advance); _main is the run itself and switches back to the harness between steps.
+    The framework's optimizer is an Optimizer (below), which hands its gradients over here."""
 
-    def __init__(self, recipe, ctx):
-        self.recipe = recipe
+    def __init__(self, ctx):
         self.scenario = ctx.scenario
         self.ctx = ctx
         self.model_file = self.scenario["model_file"]
@@ -526,43 +528,20 @@ class _Run:
         self.micro_batch_size = int(self.scenario["micro_batch_size"])
         self.dp_size = int(self.scenario["data_parallel_size"])
         self.dp_rank = ctx.rank
-        self.step = 0  # the gradnorm step the recipe may serve samples of
-        self.samples_served = 0
+        self.step = 0  # the gradnorm step the run may serve samples of
         self.logged = {}
-        self.saved_epochs = []
         self.optimizers = []
         self.pending = {}  # optimizer_in_bwd: parameter -> gradient handed over
         self.recipe_model = None
         self.finished = False
-        self._output = tempfile.TemporaryDirectory(prefix="gradnorm-recipe-")
         from greenlet import greenlet
         self._greenlet = greenlet(self._main)
 
     def _main(self):
-        cfg = self.recipe.config(self.scenario, self._output.name,
-                                 getattr(self.model_function, "torchtune_config", None))
-        try:
-            instance = self.recipe.cls(cfg=cfg)
-        except _gt.GradnormUnsupported:
-            raise
-        except Exception as error:
-            # The recipe's constructor validates its configuration (torchtune raises there for
-            # combinations it does not support): a refusal, like a reference's, cited where
-            # the recipe raised it.
-            raise _gt.Refusal("%s (at %s)" % (_gt._message_of(error),
-                                              _gt.where_raised(error, self.recipe.file))) from error
-        instance.setup(cfg=cfg)
-        instance.train()
-        instance.cleanup()
-        self.finished = True
+        raise NotImplementedError
 
-    def wait_for_step(self, step):
-        """Called by the dataset: a sample of a later step waits until gradnorm runs it."""
-        while step > self.step:
-            self._parent.switch()
-        if step < self.step:
-            raise RuntimeError("the recipe asked for a sample of step %d during step %d"
-                               % (step, self.step))
+    def _finished(self):
+        """Called once the run has returned."""
 
     def advance(self, ctx, step):
         self.ctx = ctx
@@ -573,9 +552,10 @@ class _Run:
         self._parent = getcurrent()
         previous = getattr(_local, "run", None)
         _local.run = self
-        # torchtune's logs (info, and warnings such as " Profiling disabled." on every run)
-        # and a deprecation warning of torchdata's would interleave with gradnorm's table;
-        # errors still show, and what the recipe does is what gradnorm judges.
+        # The frameworks' logs (info, and warnings such as torchtune's " Profiling disabled."
+        # on every run) and a deprecation warning of torchdata's would interleave with
+        # gradnorm's table; errors still show, and what the framework does is what gradnorm
+        # judges.
         import logging
         import warnings
         quiet = logging.root.manager.disable
@@ -589,7 +569,7 @@ class _Run:
             _local.run = previous
         if self._greenlet.dead:
             self.finished = True
-            self._output.cleanup()
+            self._finished()
 
     # The optimizer's side.
     def _names(self):
@@ -633,6 +613,46 @@ class _Run:
             for target, p in pairs:
                 _write(p, target.detach())
         self.ctx.optimizer.zero_grad(set_to_none=True)
+
+
+class _Run(GreenletRun):
+    """A torchtune recipe's one training run on this rank."""
+
+    def __init__(self, recipe, ctx):
+        self.recipe = recipe
+        self.samples_served = 0
+        self.saved_epochs = []
+        self._output = tempfile.TemporaryDirectory(prefix="gradnorm-recipe-")
+        super().__init__(ctx)
+
+    def _main(self):
+        cfg = self.recipe.config(self.scenario, self._output.name,
+                                 getattr(self.model_function, "torchtune_config", None))
+        try:
+            instance = self.recipe.cls(cfg=cfg)
+        except _gt.GradnormUnsupported:
+            raise
+        except Exception as error:
+            # The recipe's constructor validates its configuration (torchtune raises there for
+            # combinations it does not support): a refusal, like a reference's, cited where
+            # the recipe raised it.
+            raise _gt.Refusal("%s (at %s)" % (_gt._message_of(error),
+                                              _gt.where_raised(error, self.recipe.file))) from error
+        instance.setup(cfg=cfg)
+        instance.train()
+        instance.cleanup()
+        self.finished = True
+
+    def _finished(self):
+        self._output.cleanup()
+
+    def wait_for_step(self, step):
+        """Called by the dataset: a sample of a later step waits until gradnorm runs it."""
+        while step > self.step:
+            self._parent.switch()
+        if step < self.step:
+            raise RuntimeError("the recipe asked for a sample of step %d during step %d"
+                               % (step, self.step))
 
 
 def _full(tensor):
@@ -702,10 +722,13 @@ _loaded = {}
 
 
 def load_recipe(framework, target, args, module_name):
-    """(recipe file, step function, cannot_run) for --recipe FRAMEWORK:TARGET."""
+    """(file, step function, cannot_run, objective, what runs) for --recipe FRAMEWORK:TARGET."""
+    if framework == "transformers":
+        import gradnorm_transformers
+        return gradnorm_transformers.load_trainer(target, args, module_name)
     if framework != "torchtune":
-        raise ValueError("--recipe %s:%s: unknown framework '%s' (known: torchtune)"
-                         % (framework, target, framework))
+        raise ValueError("--recipe %s:%s: unknown framework '%s' (known: torchtune, "
+                         "transformers)" % (framework, target, framework))
     if target.endswith(".py"):
         path, name = os.path.abspath(target), os.path.splitext(os.path.basename(target))[0]
         if not os.path.isfile(path):
@@ -729,4 +752,5 @@ def load_recipe(framework, target, args, module_name):
         _loaded[key] = Recipe(name, path, args, module_name)
     recipe = _loaded[key]
     objective = "knowledge_distillation" if recipe.distils else "scenario_loss"
-    return recipe.file, make_step(recipe), recipe.cannot_run, objective
+    return (recipe.file, make_step(recipe), recipe.cannot_run, objective,
+            "torchtune %s's %s" % (_torchtune_version(), name))

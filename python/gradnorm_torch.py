@@ -278,7 +278,8 @@ class StepContext:
     Refusal = Refusal
 
     def __init__(self, *, model, micro_batches, loss_fn, optimizer, max_norm, rank,
-                 world_size, step_index, scenario, state, average_gradients, teacher=None):
+                 world_size, step_index, scenario, state, average_gradients, teacher=None,
+                 batches_of=None):
         self.model = model
         # A distilling variant's frozen teacher (a recipe with a teacher model), else None.
         self.teacher = teacher
@@ -292,6 +293,14 @@ class StepContext:
         self.scenario = scenario
         self.state = state
         self._average_gradients = average_gradients
+        self._batches_of = batches_of
+
+    def batches_of(self, step):
+        """This rank's micro-batches at step STEP of the run (as micro_batches are at that
+        step), for framework code that reads ahead of the step it is in."""
+        if self._batches_of is None:
+            raise RuntimeError("this step context holds its own step's micro-batches only")
+        return self._batches_of(step)
 
     def average_gradients(self):
         """Averages every trainable gradient over this rank's data-parallel (FSDP) group, as
@@ -594,6 +603,8 @@ def run_step(step, rank):
         state=rank.state,
         average_gradients=handle.average_gradients,
         teacher=rank.teacher,
+        batches_of=lambda step: [{"tokens": tokens, "labels": labels, "first_labels": first}
+                                 for tokens, labels, first in handle.micro_batches_of_step(step)],
     )
     saved = (torch.get_default_dtype(), torch.is_grad_enabled(), torch.get_num_threads(),
              torch.are_deterministic_algorithms_enabled())

@@ -132,6 +132,18 @@ class RankRun final : public StepContext {
   const scenarios::Scenario& scenario() const override { return scenario_; }
   int step_index() const override { return step_index_; }
   const std::vector<MicroBatch>& micro_batches() const override { return window_; }
+  std::vector<MicroBatch> micro_batches_of_step(int step) const override {
+    if (step < 0 || step >= scenario_.steps) {
+      throw scenarios::InvalidInput(fmt::format("scenario '{}' has {} steps; step {} was asked for",
+                                                scenario_.name, scenario_.steps, step));
+    }
+    if (step == step_index_ && !window_.empty()) return window_;
+    std::vector<MicroBatch> out;
+    for (int micro = 0; micro < scenario_.accumulation_steps; ++micro) {
+      out.push_back(batches_(comm_.rank(), step, micro));
+    }
+    return out;
+  }
   Model& model() const override { return *model_; }
   at::Tensor loss(const at::Tensor& logits, const at::Tensor& labels) const override {
     return loss_->token_mean(logits, labels);

@@ -17,6 +17,7 @@ namespace gradnorm::python::detail {
 
 extern const char* const kEmbeddedModuleSource;   // python/gradnorm_torch.py, compiled in
 extern const char* const kEmbeddedRecipesSource;  // python/gradnorm_recipes.py, compiled in
+extern const char* const kEmbeddedTransformersSource;  // python/gradnorm_transformers.py
 
 using scenarios::InvalidInput;
 
@@ -101,22 +102,33 @@ Interpreter::Interpreter() {
   PyEval_SaveThread();
 }
 
+namespace {
+
+// A module compiled into gradnorm, made importable as NAME (in sys.modules) and run.
+py::object embedded_module(const char* name, const char* source) {
+  py::module_ sys = py::module_::import("sys");
+  py::object module = py::module_::import("types").attr("ModuleType")(name);
+  const std::string file = std::string(name) + ".py";
+  module.attr("__file__") = file;
+  sys.attr("modules")[name] = module;
+  py::module_ builtins = py::module_::import("builtins");
+  try {
+    builtins.attr("exec")(builtins.attr("compile")(source, file, "exec"), module.attr("__dict__"));
+  } catch (py::error_already_set&) {
+    sys.attr("modules").attr("pop")(name);
+    throw;
+  }
+  return module;
+}
+
+}  // namespace
+
 py::module_ Interpreter::recipes() {
   // Called with the GIL held, which also serialises the first call.
   if (recipes_ == nullptr) {
-    py::module_ sys = py::module_::import("sys");
-    py::object module = py::module_::import("types").attr("ModuleType")("gradnorm_recipes");
-    module.attr("__file__") = "gradnorm_recipes.py";
-    sys.attr("modules")["gradnorm_recipes"] = module;
-    py::module_ builtins = py::module_::import("builtins");
-    try {
-      builtins.attr("exec")(
-          builtins.attr("compile")(kEmbeddedRecipesSource, "gradnorm_recipes.py", "exec"),
-          module.attr("__dict__"));
-    } catch (py::error_already_set&) {
-      sys.attr("modules").attr("pop")("gradnorm_recipes");
-      throw;
-    }
+    py::object module = embedded_module("gradnorm_recipes", kEmbeddedRecipesSource);
+    // Imported by gradnorm_recipes.load_recipe for --recipe transformers:...
+    (void)embedded_module("gradnorm_transformers", kEmbeddedTransformersSource);
     recipes_ = module.release().ptr();
   }
   return py::reinterpret_borrow<py::module_>(recipes_);

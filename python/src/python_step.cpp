@@ -168,6 +168,13 @@ class RankHandle {
     }
     return out;
   }
+  std::vector<std::tuple<at::Tensor, at::Tensor, at::Tensor>> micro_batches_of_step(int step) const {
+    std::vector<std::tuple<at::Tensor, at::Tensor, at::Tensor>> out;
+    for (const harness::MicroBatch& b : context().micro_batches_of_step(step)) {
+      out.emplace_back(b.inputs, b.labels, b.first_labels);
+    }
+    return out;
+  }
   at::Tensor logits(const at::Tensor& tokens) {
     return guarded([&] {
       harness::MicroBatch batch;
@@ -223,6 +230,7 @@ void gradnorm::python::detail::define_native_module(py::module_& m) {
       .def("python_model", &RankHandle::python_model)
       .def("teacher_model", &RankHandle::teacher_model)
       .def("micro_batches", &RankHandle::micro_batches)
+      .def("micro_batches_of_step", &RankHandle::micro_batches_of_step)
       .def("logits", &RankHandle::logits, release())
       .def("loss", &RankHandle::loss, release())
       .def("optimizer_step", &RankHandle::optimizer_step, release())
@@ -559,7 +567,7 @@ harness::VariantSpec make_python_variant(const PythonVariant& variant) {
 namespace {
 
 const LoadedStep& load_recipe(const RecipeVariant& variant, std::string& name,
-                              harness::Objective& objective) {
+                              harness::Objective& objective, std::string& what_runs) {
   const auto colon = variant.spec.find(':');
   if (colon == std::string::npos || colon == 0 || colon + 1 == variant.spec.size()) {
     throw InvalidInput(fmt::format("--recipe '{}': expected FRAMEWORK:NAME or FRAMEWORK:PATH.py "
@@ -581,31 +589,50 @@ const LoadedStep& load_recipe(const RecipeVariant& variant, std::string& name,
     objective = loaded[3].cast<std::string>() == "knowledge_distillation"
                     ? harness::Objective::knowledge_distillation
                     : harness::Objective::scenario_loss;
+    what_runs = loaded[4].cast<std::string>();
   } catch (py::error_already_set& error) {
     delete step;
     const auto [type, message] = describe(error, target);
     throw InvalidInput(fmt::format("--recipe {}: {}: {}", variant.spec, type, message));
   }
-  name = variant.name.empty()
-             ? framework + "/" + std::filesystem::path(target).stem().string()
-             : variant.name;
+  // A Trainer subclass in a file (transformers:PATH.py:NAME) is named FILE-STEM.NAME.
+  const auto py_colon = target.find(".py:");
+  const std::string stem =
+      py_colon == std::string::npos
+          ? std::filesystem::path(target).stem().string()
+          : std::filesystem::path(target.substr(0, py_colon + 3)).stem().string() + "." +
+                target.substr(py_colon + 4);
+  name = variant.name.empty() ? framework + "/" + stem : variant.name;
   return *step;  // kept for the life of the process, as load() keeps steps
 }
 
 }  // namespace
 
-std::string default_recipe_model() { return GRADNORM_RECIPE_MODEL; }
+std::string default_recipe_model(std::string_view recipe) {
+  if (recipe.rfind("transformers:", 0) == 0) {
+    return "python:" GRADNORM_EXAMPLES_DIR "/transformers/tiny_llama.py:hf_tiny_llama";
+  }
+  std::string spec = "python:" GRADNORM_EXAMPLES_DIR "/torchtune/tiny_llama.py:tiny_llama";
+  // A LoRA recipe trains adapters, and so do torchtune's distilling recipes (their student
+  // is a LoRA model): the default model is then the same decoder with LoRA on q and v.
+  if (recipe.find("lora") != std::string_view::npos ||
+      recipe.find("knowledge_distillation") != std::string_view::npos) {
+    spec += "_lora";
+  }
+  return spec;
+}
 
 harness::VariantSpec make_recipe_variant(const RecipeVariant& variant) {
   std::string name;
   harness::Objective objective = harness::Objective::scenario_loss;
-  const LoadedStep& loaded = load_recipe(variant, name, objective);
+  std::string what_runs;
+  const LoadedStep& loaded = load_recipe(variant, name, objective, what_runs);
   harness::VariantSpec spec;
   spec.name = name;
   spec.objective = objective;
   spec.role = harness::Role::candidate;
   spec.reference = variant.reference;
-  spec.summary = fmt::format("{}, unmodified ({})", variant.spec, loaded.file);
+  spec.summary = fmt::format("{}, unmodified ({})", what_runs, loaded.file);
   bind_step(spec, loaded, variant.findings_of);
   return spec;
 }

@@ -94,6 +94,10 @@ json to_json(const oracles::Evaluation& evaluation, const harness::RunSettings& 
   const Summary s = summarize(evaluation);
   json records = json::array();
   for (const oracles::EvaluationRow& row : evaluation.rows) records.push_back(record(row));
+  // What each variant is, in one line: for real framework code, the framework and version
+  // judged ("transformers 5.18.0's Trainer, unmodified (...)").
+  json variants = json::object();
+  for (const oracles::EvaluationRow& row : evaluation.rows) variants[row.variant.name] = row.variant.summary;
   json left_out = json::array();
   for (const oracles::SkippedPair& pair : evaluation.skipped) {
     left_out.push_back({{"scenario", pair.scenario}, {"variant", pair.variant}, {"why", pair.why}});
@@ -112,6 +116,7 @@ json to_json(const oracles::Evaluation& evaluation, const harness::RunSettings& 
         {"unexpected", s.unmet}, {"negative_controls_visible", s.controls_visible},
         {"negative_controls_caught", s.controls_caught}, {"findings_reproduced", s.findings}}},
       {"run", {{"reproduce_arguments", reproduce_arguments}}},
+      {"variants", variants},
       {"records", records},
       {"left_out", left_out},
   };

@@ -250,7 +250,9 @@ std::vector<VariantDeclaration> read_variants(const toml::table& root, const std
     r.read(std::string_view("role"), v.role, "a string");
     r.read(std::string_view("reference"), v.reference, "a string");
     r.read(std::string_view("findings_of"), v.findings_of, "a string");
-    r.read(std::string_view("recipe"), v.recipe, "a string (torchtune:NAME or torchtune:PATH.py)");
+    r.read(std::string_view("recipe"), v.recipe,
+           "a string (torchtune:NAME, torchtune:PATH.py, transformers:trainer or "
+           "transformers:PATH.py:NAME)");
     if (const toml::node* args = r.node("recipe_args")) {
       const toml::array* items = args->as_array();
       if (items == nullptr) r.fail("recipe_args", "must be an array of \"KEY=VALUE\" strings");
@@ -276,8 +278,14 @@ std::vector<VariantDeclaration> read_variants(const toml::table& root, const std
                                 : path;
     };
     if (!v.python.empty()) v.python = beside(v.python);
-    if (const auto colon = v.recipe.find(':'); colon != std::string::npos && v.recipe.ends_with(".py")) {
-      v.recipe = v.recipe.substr(0, colon + 1) + beside(v.recipe.substr(colon + 1));
+    // FRAMEWORK:PATH.py or transformers:PATH.py:NAME: the path is the file's neighbour.
+    if (const auto colon = v.recipe.find(':'); colon != std::string::npos) {
+      const auto py = v.recipe.rfind(".py");
+      if (py != std::string::npos && py > colon &&
+          (py + 3 == v.recipe.size() || v.recipe[py + 3] == ':')) {
+        v.recipe = v.recipe.substr(0, colon + 1) + beside(v.recipe.substr(colon + 1, py + 2 - colon)) +
+                   v.recipe.substr(py + 3);
+      }
     }
     if (!names.insert(v.name).second) {
       throw InvalidInput(fmt::format("{}: variant name '{}' appears twice", source, v.name));

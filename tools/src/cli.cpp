@@ -162,13 +162,17 @@ void add_python_step_options(CLI::App& command, PythonStepOptions& options, bool
 void add_recipe_options(CLI::App& command, PythonStepOptions& options) {
   command.add_option("--recipe", options.recipe,
                      "judge a framework's own recipe code, unmodified: torchtune:NAME (a recipe "
-                     "the installed torchtune ships) or torchtune:PATH.py (your copy of one)");
+                     "the installed torchtune ships), torchtune:PATH.py (your copy of one), "
+                     "transformers:trainer (the installed transformers.Trainer) or "
+                     "transformers:PATH.py:NAME (your Trainer subclass or compute_loss_func)");
   command.add_option("--recipe-arg", options.recipe_args,
-                     "KEY=VALUE: override the recipe's config as `tune run` does (repeatable); "
+                     "KEY=VALUE: override the recipe's config as `tune run` does, or set a "
+                     "TrainingArguments field for transformers (repeatable); "
                      "keys the scenario decides are refused");
   command.add_option("--recipe-model", options.recipe_model,
-                     "python:FILE.py:FUNCTION: the torchtune model a recipe run gives scenarios "
-                     "whose model is built in (default: examples/torchtune/tiny_llama.py)");
+                     "python:FILE.py:FUNCTION: the framework's model a recipe run gives scenarios "
+                     "whose model is built in (default: examples/torchtune/tiny_llama.py, "
+                     "examples/transformers/tiny_llama.py for transformers)");
 }
 
 // Registers the steps a run declares (--python-step, and [[variant]] tables in the scenario
@@ -344,7 +348,12 @@ std::vector<std::string> run_inputs(const RunOptions& options,
     if (!s.model_file.empty()) inputs.push_back(s.model_file);
   }
   const std::string& recipe = options.python_step.recipe;
-  if (recipe.size() > 3 && recipe.ends_with(".py")) inputs.push_back(recipe.substr(recipe.find(':') + 1));
+  // FRAMEWORK:PATH.py, or transformers:PATH.py:NAME.
+  const std::size_t py = recipe.rfind(".py");
+  if (py != std::string::npos && (py + 3 == recipe.size() || recipe[py + 3] == ':')) {
+    const std::size_t start = recipe.find(':') + 1;
+    if (start <= py) inputs.push_back(recipe.substr(start, py + 3 - start));
+  }
   return inputs;
 }
 
@@ -560,13 +569,8 @@ bool run_has_recipe(const RunOptions& options) {
 std::vector<scenarios::Scenario> with_recipe_model(std::vector<scenarios::Scenario> list,
                                                    const PythonStepOptions& step, bool recipes) {
   if (!recipes) return list;
-  std::string spec = step.recipe_model.empty() ? python::default_recipe_model() : step.recipe_model;
-  // A LoRA recipe trains adapters, and so do torchtune's distilling recipes (their student
-  // is a LoRA model): the default model is then the same decoder with LoRA on q and v.
-  if (step.recipe_model.empty() && (step.recipe.find("lora") != std::string::npos ||
-                                    step.recipe.find("knowledge_distillation") != std::string::npos)) {
-    spec += "_lora";
-  }
+  const std::string spec =
+      step.recipe_model.empty() ? python::default_recipe_model(step.recipe) : step.recipe_model;
   scenarios::Scenario probe;
   constexpr std::string_view kPython = "python:";
   if (spec.rfind(kPython, 0) == 0) {
@@ -582,7 +586,7 @@ std::vector<scenarios::Scenario> with_recipe_model(std::vector<scenarios::Scenar
   }
   if (probe.model != scenarios::ModelKind::python) {
     throw scenarios::InvalidInput(fmt::format(
-        "--recipe-model '{}': expected python:FILE.py:FUNCTION (a torchtune module)", spec));
+        "--recipe-model '{}': expected python:FILE.py:FUNCTION (the framework's module)", spec));
   }
   std::vector<scenarios::Scenario> out;
   std::size_t left_out = 0;
@@ -601,7 +605,9 @@ std::vector<scenarios::Scenario> with_recipe_model(std::vector<scenarios::Scenar
   }
   if (left_out > 0 && out.empty()) {
     throw scenarios::InvalidInput(fmt::format(
-        "--recipe: every selected scenario is float64, which torchtune does not train in"));
+        "--recipe: every selected scenario is float64, which the framework's model does not "
+        "compute in (torchtune's decoder returns float32 logits, transformers' Llama normalises "
+        "in float32): choose float32 or bfloat16 scenarios"));
   }
   return out;
 }

@@ -51,6 +51,11 @@ class StepContext {
   // This rank's micro-batches for the current optimizer step (the accumulation window),
   // labels already shifted, -100 where ignored. Empty in Step::prepare.
   [[nodiscard]] virtual const std::vector<MicroBatch>& micro_batches() const = 0;
+  // This rank's micro-batches at any step of the run (0 <= step < the scenario's steps), as
+  // micro_batches() holds them at that step: for framework code that reads ahead of the step
+  // it is in (accelerate's dataloader fetches the next batch before it yields the current).
+  // Throws scenarios::InvalidInput for a step outside the run.
+  [[nodiscard]] virtual std::vector<MicroBatch> micro_batches_of_step(int step) const = 0;
   // Named parameters (trainable ones require grad) and the forward pass.
   [[nodiscard]] virtual Model& model() const = 0;
   // The scenario's loss on one micro-batch: the token mean over its valid labels, formed

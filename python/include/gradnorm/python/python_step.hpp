@@ -61,9 +61,11 @@ struct RecipeVariant {
 // scenario decides.
 [[nodiscard]] harness::VariantSpec make_recipe_variant(const RecipeVariant& variant);
 
-// The model a recipe run gives scenarios whose model is built in ("python:FILE:FUNCTION",
-// torchtune's own Llama 3 builder at a tiny size: examples/torchtune/tiny_llama.py).
-[[nodiscard]] std::string default_recipe_model();
+// The model a recipe run (--recipe FRAMEWORK:TARGET) gives scenarios whose model is built in
+// ("python:FILE:FUNCTION" at a tiny size): torchtune's own Llama 3 builder
+// (examples/torchtune/tiny_llama.py, with LoRA for the LoRA and distilling recipes), or
+// transformers' LlamaForCausalLM (examples/transformers/tiny_llama.py).
+[[nodiscard]] std::string default_recipe_model(std::string_view recipe);
 
 // make_python_variant, then harness::register_variant.
 void register_python_step(const PythonVariant& variant);

@@ -1,0 +1,369 @@
+"""Hugging Face Transformers' Trainer, unmodified, judged as a gradnorm step (docs/design.md §15).
+
+``gradnorm run --recipe transformers:trainer`` runs the installed ``transformers.Trainer``
+for the scenario's steps; ``--recipe transformers:PATH.py:NAME`` runs NAME from a user's file:
+a ``Trainer`` subclass, or a function used as Trainer's ``compute_loss_func``. What Trainer
+gets, all through its constructor and its ``TrainingArguments``:
+
+* ``model``: the scenario's Python-file model (a transformers causal LM from a tiny config,
+  examples/transformers/tiny_llama.py), a fresh instance holding the harness's initial
+  parameters;
+* ``train_dataset``: this rank's samples of the scenario, one per sequence, labels aligned
+  with ``input_ids`` as Trainer expects them (the model shifts): ``[first label, shifted
+  labels[:T-1]]``. Each rank's dataset serves its own samples in the order the rank asks for
+  them, whatever index Trainer's sampler and accelerate's sharding ask for. At every
+  optimizer step what Trainer's own collator (default_data_collator, recorded) collated and
+  what reached the model (a forward pre-hook) are checked against the scenario's
+  micro-batches (_TrainerRun._check_fed), so a rank fed anything else is an error, not a
+  verdict;
+* ``optimizers``: gradnorm's Optimizer (gradnorm_recipes.py), whose ``step()`` hands the
+  gradients Trainer produced, after its clipping and DDP's all-reduce, to the harness's
+  recording optimizer, which steps with the scenario's optimizer; a constant schedule;
+* ``callbacks``: one TrainerCallback that keeps the ``loss`` and ``grad_norm`` Trainer logs
+  (``on_log``, what ``state.log_history`` receives) and hands control back to gradnorm
+  after each step's log.
+
+Gradient accumulation, batch size, steps, seed and clipping follow the scenario
+(``_OWNED``); ``--recipe-arg KEY=VALUE`` sets any other ``TrainingArguments`` field. On W
+rank processes the harness's Gloo group is torch.distributed's default group; accelerate
+finds it initialised and uses it, and Trainer wraps the model in DDP over it. The run is
+checked to be distributed (accelerate's world size and distributed type) before it trains.
+"""
+
+import ast
+import dataclasses
+import importlib.metadata
+import inspect
+import os
+import tempfile
+
+import torch
+
+import gradnorm_recipes as _gr
+import gradnorm_torch as _gt
+
+IGNORE_INDEX = -100
+
+# TrainingArguments fields the scenario decides: a --recipe-arg may not set them, since the
+# oracle judges the scenario.
+_OWNED = {
+    "per_device_train_batch_size": "micro_batch_size",
+    "gradient_accumulation_steps": "accumulation_steps",
+    "max_steps": "steps", "num_train_epochs": "steps", "seed": "seed", "data_seed": "seed",
+    "max_grad_norm": "clip_max_norm (0 or none: Trainer does not clip)",
+    "learning_rate": "learning_rate (the harness's optimizer steps)",
+    "optim": "optimizer", "weight_decay": "weight_decay", "lr_scheduler_type": "(a constant rate)",
+    "use_cpu": "(gradnorm runs on the CPU)", "ddp_backend": "(the harness's Gloo group)",
+    "output_dir": "(a temporary folder)", "logging_steps": "(every step's log is judged)",
+    "logging_strategy": "(every step's log is judged)", "report_to": "(nothing is reported)",
+    "save_strategy": "(nothing is saved)", "bf16": "dtype (the model's parameters)",
+    "fp16": "dtype (the model's parameters)", "dataloader_num_workers": "(the rank's own order)",
+    "gradient_checkpointing": "(the model is the scenario's)",
+    "resume_from_checkpoint": "(every run starts from the initial parameters)",
+}
+
+# Set for every run (the scenario's own values are set beside them in _arguments).
+_FIXED = {
+    "logging_steps": 1, "logging_strategy": "steps", "report_to": "none", "save_strategy": "no",
+    "disable_tqdm": True, "use_cpu": True, "dataloader_num_workers": 0,
+    "dataloader_pin_memory": False, "remove_unused_columns": False, "lr_scheduler_type": "constant",
+    "num_train_epochs": 1,
+}
+
+
+def transformers_version():
+    return importlib.metadata.version("transformers")
+
+
+def _parse_args(args):
+    """--recipe-arg KEY=VALUE pairs as TrainingArguments fields: VALUE a Python literal
+    (True, 1.0, "text") or else the text itself."""
+    from transformers import TrainingArguments
+    fields = {f.name for f in dataclasses.fields(TrainingArguments)}
+    out = {}
+    for arg in args:
+        key, sep, text = arg.partition("=")
+        key = key.strip()
+        if not sep or not key:
+            raise ValueError("--recipe-arg %s: expected KEY=VALUE" % arg)
+        if key in _OWNED:
+            raise ValueError("--recipe-arg %s: the scenario decides %s (%s); choose a scenario "
+                             "that has what you want (a catalogue scenario or a scenario file)"
+                             % (key, key, _OWNED[key]))
+        if key not in fields:
+            raise ValueError("--recipe-arg %s: transformers %s's TrainingArguments has no field "
+                             "'%s'" % (arg, transformers_version(), key))
+        try:
+            value = ast.literal_eval(text.strip())
+        except (ValueError, SyntaxError):
+            value = text.strip()
+        out[key] = value
+    return out
+
+
+class TrainerRecipe:
+    """Trainer (or a user's subclass, or Trainer with a user's compute_loss_func) and the
+    TrainingArguments fields the user set."""
+
+    def __init__(self, target, args, module_name):
+        import transformers
+        self.target = target
+        self.overrides = _parse_args(args)
+        self.compute_loss_func = None
+        if target == "trainer":
+            self.cls = transformers.Trainer
+            self.file = inspect.getsourcefile(transformers.Trainer)
+            return
+        path, _, name = target.rpartition(":")
+        if not path.endswith(".py") or not name:
+            raise ValueError("--recipe transformers:%s: expected transformers:trainer or "
+                             "transformers:PATH.py:NAME (a Trainer subclass or a "
+                             "compute_loss_func in your file)" % target)
+        self.file = os.path.abspath(path)
+        if not os.path.isfile(self.file):
+            raise FileNotFoundError("--recipe transformers:%s: no such file %s" % (target, path))
+        module = _gt.import_file(self.file, module_name)
+        found = getattr(module, name, None)
+        if isinstance(found, type) and issubclass(found, transformers.Trainer):
+            self.cls = found
+        elif callable(found) and not isinstance(found, type):
+            self.cls = transformers.Trainer
+            self.compute_loss_func = found
+        else:
+            raise LookupError("--recipe transformers:%s: %s defines no Trainer subclass or "
+                              "function named '%s'" % (target, path, name))
+
+    def cannot_run(self, scenario):
+        if scenario["model"] != "python":
+            return ("Trainer trains a transformers model: the scenario's model must come from a "
+                    "Python file (model = \"python:FILE.py:FUNCTION\"; --recipe substitutes "
+                    "examples/transformers/tiny_llama.py for built-in models)")
+        if scenario["tp"] > 1 or scenario["cp"] > 1 or scenario["dp_replicate"] > 1:
+            return "gradnorm drives Trainer's data parallelism (DDP) only"
+        if scenario["optimizer_in_backward"]:
+            return "Trainer has no optimizer in backward: it steps once per window"
+        if scenario["loss"] != "mean_ce":
+            return ("Trainer's loss is the model's own cross-entropy (or a compute_loss_func), "
+                    "not the scenario's %s" % scenario["loss"])
+        if scenario["world_size"] > 1 and not _gt._process_is_initialized():
+            return ("Trainer on W ranks needs a torch.distributed process group, which "
+                    "gradnorm's ranks have only as processes: run it with --nproc W (rank "
+                    "processes over Gloo), torchrun or Slurm")
+        return None
+
+
+class _Dataset(torch.utils.data.Dataset):
+    """This rank's samples: the scenario's micro-batches, sequence by sequence, step by step,
+    served in the order the rank asks for them. Its length is every rank's samples together
+    (W x steps x accumulation x batch), as one dataset split by Trainer's sampler would be."""
+
+    def __init__(self, run):
+        self._run = run
+        self._next = 0
+
+    def __len__(self):
+        run = self._run
+        return run.dp_size * run.steps * run.accumulation_steps * run.micro_batch_size
+
+    def __getitem__(self, index):
+        run = self._run
+        per_step = run.accumulation_steps * run.micro_batch_size
+        k = self._next
+        self._next += 1
+        step, within = k // per_step, k % per_step
+        if step >= run.steps:
+            raise RuntimeError("Trainer asked rank %d for more samples than the scenario's %d "
+                               "steps hold" % (run.dp_rank, run.steps))
+        micro, row = within // run.micro_batch_size, within % run.micro_batch_size
+        batch = run.batches_of(step)[micro]
+        shifted = batch["labels"][row]
+        if int(shifted[-1]) != IGNORE_INDEX:
+            raise RuntimeError("gradnorm bug: a shifted label at position T-1")
+        aligned = torch.cat([batch["first_labels"][row:row + 1], shifted[:-1]])
+        return {"input_ids": batch["tokens"][row].clone(), "labels": aligned}
+
+
+def _callback_class():
+    from transformers import TrainerCallback
+
+    class Capture(TrainerCallback):
+        """Keeps what Trainer logs at each step and hands control back to gradnorm."""
+
+        def __init__(self, run):
+            self._run = run
+
+        def on_log(self, args, state, control, logs=None, **kwargs):
+            if logs is None or "loss" not in logs:
+                return
+            self._run.logged[int(state.global_step)] = {
+                "loss": logs["loss"], "grad_norm": logs.get("grad_norm")}
+            if int(state.global_step) < self._run.steps:
+                self._run._parent.switch()
+
+    return Capture
+
+
+class _TrainerRun(_gr.GreenletRun):
+    """Trainer's one training run (trainer.train()) on this rank."""
+
+    def __init__(self, recipe, ctx):
+        self.recipe = recipe
+        self.fed = []  # input_ids of every forward since the last optimizer step
+        self.collated = []  # input_ids of every batch Trainer's dataloader collated, in order
+        self.checked_steps = 0
+        self._output = tempfile.TemporaryDirectory(prefix="gradnorm-trainer-")
+        self._batches = {}
+        super().__init__(ctx)
+
+    def batches_of(self, step):
+        if step not in self._batches:
+            self._batches[step] = self.ctx.batches_of(step)
+        return self._batches[step]
+
+    def _model(self):
+        s = self.scenario
+        model = _gt.build_model(self.model_function, self.model_file, self.model_file,
+                                s["vocab_size"], s["hidden_size"], s["sequence_length"], s["seed"])
+        with torch.no_grad():
+            model.load_state_dict({n: t.detach().clone()
+                                   for n, t in self.harness_model.state_dict().items()})
+
+        def record(_module, args, kwargs):
+            tokens = kwargs.get("input_ids", args[0] if args else None)
+            self.fed.append(tokens.detach().clone())
+        model.register_forward_pre_hook(record, with_kwargs=True)
+        return model
+
+    def _arguments(self):
+        from transformers import TrainingArguments
+        s = self.scenario
+        clip = s["clip_max_norm"]
+        values = dict(_FIXED)
+        values.update(output_dir=self._output.name, seed=int(s["seed"]),
+                      per_device_train_batch_size=int(s["micro_batch_size"]),
+                      gradient_accumulation_steps=int(s["accumulation_steps"]),
+                      max_steps=int(s["steps"]), learning_rate=float(s["learning_rate"]),
+                      max_grad_norm=0.0 if clip is None else float(clip))
+        if self.dp_size > 1:
+            values["ddp_backend"] = "gloo"
+        values.update(self.recipe.overrides)
+        return TrainingArguments(**values)
+
+    def _distributed_environment(self):
+        """What accelerate reads to find this rank's place (its state.py, CPU ranks), set
+        before TrainingArguments builds accelerate's state. accelerate changes torch's thread
+        count where OMP_NUM_THREADS is unset; it is set to the harness's."""
+        os.environ.setdefault("OMP_NUM_THREADS", str(torch.get_num_threads()))
+        if self.dp_size == 1:
+            return
+        os.environ.update(RANK=str(self.dp_rank), WORLD_SIZE=str(self.dp_size),
+                          LOCAL_RANK=str(self.dp_rank), LOCAL_WORLD_SIZE=str(self.dp_size))
+        os.environ.setdefault("MASTER_ADDR", "127.0.0.1")
+        os.environ.setdefault("MASTER_PORT", "29500")
+
+    def _check_distributed(self, trainer):
+        accelerator = trainer.accelerator
+        kind = str(accelerator.distributed_type).split(".")[-1]
+        if accelerator.num_processes != self.dp_size or (self.dp_size > 1 and kind != "MULTI_CPU"):
+            raise RuntimeError(
+                "accelerate set up %d process(es) (%s) for a scenario of %d ranks: each rank "
+                "would train alone" % (accelerator.num_processes, kind, self.dp_size))
+
+    def _main(self):
+        self._distributed_environment()
+        args = self._arguments()
+        model = self._model()
+        self.recipe_model = model
+        # The rate is the scenario's (Trainer logs it); the harness's optimizer steps with it.
+        optimizer = _gr.Optimizer(model.parameters(), lr=float(self.scenario["learning_rate"]))
+        schedule = _gr.constant_lr(optimizer)
+        kwargs = dict(model=model, args=args, train_dataset=_Dataset(self),
+                      data_collator=self.collate, optimizers=(optimizer, schedule),
+                      callbacks=[_callback_class()(self)])
+        if self.recipe.compute_loss_func is not None:
+            kwargs["compute_loss_func"] = self.recipe.compute_loss_func
+        trainer = self.recipe.cls(**kwargs)
+        # Trainer prints every log to stdout (PrinterCallback, its progress output when tqdm
+        # is disabled), which would interleave with gradnorm's table: removed through
+        # Trainer's own remove_callback. It only prints.
+        from transformers.trainer_callback import PrinterCallback, ProgressCallback
+        trainer.remove_callback(PrinterCallback)
+        trainer.remove_callback(ProgressCallback)
+        self._check_distributed(trainer)
+        trainer.train()
+        self.finished = True
+
+    def _finished(self):
+        self._output.cleanup()
+
+    def collate(self, features):
+        """Trainer's own default collator, recording what it collated."""
+        from transformers import default_data_collator
+        batch = default_data_collator(features)
+        self.collated.append(batch["input_ids"].detach().clone())
+        return batch
+
+    def _check_fed(self):
+        """Proof that this rank trained on its own micro-batches in order: the batches its
+        dataloader collated so far begin with the scenario's windows of steps 0..step (one more
+        may follow: accelerate fetches a batch ahead), and what reached the model in this
+        window is the scenario's micro-batches in order (a user's Trainer may skip one)."""
+        expected = [b["tokens"] for k in range(self.step + 1) for b in self.batches_of(k)]
+        collated = self.collated[:len(expected)]
+        if len(collated) < len(expected) or any(not torch.equal(c, e)
+                                                for c, e in zip(collated, expected)):
+            raise RuntimeError(
+                "rank %d step %d: Trainer's dataloader gave this rank batches other than the "
+                "scenario's, in their order (%d collated, %d expected by now): its sampler or "
+                "accelerate's sharding moved them" % (self.dp_rank, self.step,
+                                                      len(self.collated), len(expected)))
+        window = [b["tokens"] for b in self.ctx.micro_batches]
+        fed, self.fed = self.fed, []
+        at = 0
+        for tokens in fed:
+            while at < len(window) and not torch.equal(tokens, window[at]):
+                at += 1
+            if at == len(window):
+                raise RuntimeError(
+                    "rank %d step %d: the model was given input_ids that are not this window's "
+                    "micro-batches in order (%d forwards, %d micro-batches)"
+                    % (self.dp_rank, self.step, len(fed), len(window)))
+            at += 1
+
+    def hand_over(self, optimizer):
+        self._check_fed()
+        if self.checked_steps != self.step:
+            raise RuntimeError("Trainer stepped its optimizer twice in gradnorm step %d"
+                               % self.step)
+        self.checked_steps += 1
+        super().hand_over(optimizer)
+
+
+def make_step(recipe):
+    def step(ctx):
+        run = ctx.state.get("trainer run")
+        if run is None:
+            run = ctx.state["trainer run"] = _TrainerRun(recipe, ctx)
+        run.advance(ctx, ctx.step_index)
+        if run.checked_steps != ctx.step_index + 1:
+            raise RuntimeError("Trainer did not step its optimizer in gradnorm step %d"
+                               % ctx.step_index)
+        # Trainer's global_step counts from 1; every rank logs the loss gathered over ranks.
+        return _gr._loss_of(run.logged, ctx.step_index + 1)
+    step.__name__ = "trainer_step"
+    return step
+
+
+def load_trainer(target, args, module_name):
+    """(file, step function, cannot_run, objective) for --recipe transformers:TARGET."""
+    try:
+        import transformers  # noqa: F401
+    except ImportError as error:
+        raise ImportError("--recipe transformers:%s: transformers does not import here (%s); "
+                          "scripts/install-deps.sh installs requirements.txt's pins"
+                          % (target, error)) from None
+    recipe = TrainerRecipe(target, args, module_name)
+    what = "transformers %s's Trainer" % transformers_version()
+    if recipe.target != "trainer":
+        what = "%s (%s)" % (recipe.target, what)
+    return recipe.file, make_step(recipe), recipe.cannot_run, "scenario_loss", what

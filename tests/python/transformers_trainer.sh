@@ -1,0 +1,117 @@
+#!/usr/bin/env bash
+# ctest: Hugging Face Transformers' Trainer, unmodified, judged on catalogue scenarios with
+# transformers' own LlamaForCausalLM (examples/transformers/tiny_llama.py): 5.18.0 (the
+# environment's) and 4.57.6 (the folder requirements-transformers4.txt installs, first on
+# PYTHONPATH), on one device in-process and on 2 rank processes over Gloo DDP; the model
+# without loss kwargs; average_tokens_across_devices off; a user's Trainer subclass and
+# compute_loss_func from a file; the proof that each rank trains on its own micro-batches;
+# bad input (exit 2). The figures are the ones measured and explained in the README
+# ("Hugging Face Transformers' Trainer"). Skips (77) where transformers cannot be imported.
+# Arguments: GRADNORM_BINARY SOURCE_DIR WORK_DIR
+set -uo pipefail
+gradnorm="$1"
+source_dir="$2"
+work="$3"
+python="${GRADNORM_PYTHON:?set it to the environment python, as ctest does}"
+v4="$(dirname "$(dirname "$python")")/transformers-4.57.6"
+for env in "" "$v4"; do
+  if ! why=$(PYTHONPATH="$env" "$python" -c 'import transformers, accelerate' 2>&1); then
+    echo "SKIP: transformers does not import in $python${env:+ with $env}: $(echo "$why" | tail -1)"
+    exit 77
+  fi
+done
+source "$(dirname "${BASH_SOURCE[0]}")/script_common.sh"
+unset PYTHONPATH
+trainer=transformers/trainer
+nk=python:$source_dir/examples/transformers/tiny_llama.py:hf_tiny_llama_no_loss_kwargs
+
+# 5.18.0, one device: the contract on ragged accumulation and with the first label valid
+# (it counts labels[..., 1:]); max_grad_norm = 0 does not clip; an all-masked window steps
+# on zero gradients.
+"$gradnorm" run --recipe transformers:trainer -s single/accum2-ragged/float32 \
+  -s first-valid/single/accum2-ragged/float32 -s single/clip-zero/float32 \
+  -s single/all-masked-mean_ce/float32 --json v5.json > v5.txt 2>&1
+echo "v5: exit $?" >> v5.txt
+row hf_tiny_llama/single/accum2-ragged/float32 $trainer pass v5.txt
+row hf_tiny_llama/first-valid/single/accum2-ragged/float32 $trainer pass v5.txt
+row hf_tiny_llama/single/clip-zero/float32 $trainer fail v5.txt
+row hf_tiny_llama/single/all-masked-mean_ce/float32 $trainer error-mismatch v5.txt
+expect "v5: exit 1" v5.txt
+expect "transformers 5.18.0's Trainer, unmodified" v5.json
+# The model without loss kwargs: each micro-batch's mean divided by the accumulation steps.
+"$gradnorm" run --recipe transformers:trainer --recipe-model "$nk" -s single/accum2-ragged/float32 \
+  > v5-nk.txt 2>&1
+row hf_tiny_llama_no_loss_kwargs/single/accum2-ragged/float32 $trainer fail v5-nk.txt
+expect "step 0: gradients rel L2 error 0.246 > 1e-05" v5-nk.txt
+
+# 5.18.0 on 2 rank processes: tokens averaged across devices; then not.
+"$gradnorm" run --recipe transformers:trainer --nproc 2 -s dist/5-3/float32 > v5-dist.txt 2>&1
+echo "v5-dist: exit $?" >> v5-dist.txt
+row hf_tiny_llama/dist/5-3/float32 $trainer pass v5-dist.txt
+expect "v5-dist: exit 0" v5-dist.txt
+"$gradnorm" run --recipe transformers:trainer --nproc 2 -s dist/5-3/float32 \
+  --recipe-arg average_tokens_across_devices=False > v5-noavg.txt 2>&1
+row hf_tiny_llama/dist/5-3/float32 $trainer fail v5-noavg.txt
+expect "every rank: step 0: gradients rel L2 error 0.223 > 1e-05" v5-noavg.txt
+
+# 4.57.6: counts the label the model's shift drops; rounds the logged loss to 4 decimals.
+PYTHONPATH="$v4" "$gradnorm" run --recipe transformers:trainer -s single/accum2-ragged/float32 \
+  -s first-valid/single/accum2-ragged/float32 -s single/accum4-ragged/float32 --json v4.json \
+  > v4.txt 2>&1
+row hf_tiny_llama/single/accum2-ragged/float32 $trainer pass v4.txt
+row hf_tiny_llama/first-valid/single/accum2-ragged/float32 $trainer fail v4.txt
+expect "step 0: gradients rel L2 error 0.333 > 1e-05" v4.txt
+row hf_tiny_llama/single/accum4-ragged/float32 $trainer fail v4.txt
+expect "step 0: logged loss 2.3841, oracle 2.38405716" v4.txt
+expect "transformers 4.57.6's Trainer, unmodified" v4.json
+PYTHONPATH="$v4" "$gradnorm" run --recipe transformers:trainer --nproc 2 -s dist/5-3/float32 \
+  -s first-valid/dist/5-3/float32 > v4-dist.txt 2>&1
+row hf_tiny_llama/dist/5-3/float32 $trainer pass v4-dist.txt
+row hf_tiny_llama/first-valid/dist/5-3/float32 $trainer fail v4-dist.txt
+expect "every rank: step 0: gradients rel L2 error 0.333 > 1e-05" v4-dist.txt
+
+# A user's Trainer code from a file, as the variants of a scenario file: a compute_loss_func
+# that sums over num_items_in_batch passes; one that takes each micro-batch's mean fails on
+# ragged accumulation; a subclass skipping empty micro-batches passes.
+mine="$source_dir/examples/transformers/my_trainer.py"
+"$gradnorm" run -f "$source_dir/examples/transformers/my_trainer.toml" > mine.txt 2>&1
+row mine/accum2-ragged/float32 mine/summed-token-loss pass mine.txt
+row mine/accum2-ragged/float32 mine/mean-token-loss fail mine.txt
+expect "step 0: gradients rel L2 error 1.16 > 1e-05" mine.txt
+row mine/accum2-ragged/float32 mine/skip-empty pass mine.txt
+row mine/accum2-empty-first/float32 mine/skip-empty pass mine.txt
+
+# Negative control of the feeding proof: a Trainer that swaps the sequences of each
+# micro-batch it is given trains on what the scenario never gave: an error naming the rank.
+cat > swapped.py <<'PY'
+from transformers import Trainer
+
+
+class SwapsSequences(Trainer):
+    def training_step(self, model, inputs, num_items_in_batch=None):
+        inputs = {key: value.flip(0) for key, value in inputs.items()}
+        return super().training_step(model, inputs, num_items_in_batch)
+PY
+"$gradnorm" run --recipe "transformers:$work/swapped.py:SwapsSequences" -s single/n3/float32 \
+  > swapped.txt 2>&1
+row hf_tiny_llama/single/n3/float32 transformers/swapped.SwapsSequences error-mismatch swapped.txt
+expect "the model was given input_ids that are not this window's micro-batches in order" swapped.txt
+
+# Bad input: exit 2 before anything runs.
+"$gradnorm" run --recipe transformers:trainer --recipe-arg max_grad_norm=1.0 -s single/n3/float32 \
+  > owned.txt 2>&1
+echo "owned: exit $?" >> owned.txt
+expect "--recipe-arg max_grad_norm: the scenario decides max_grad_norm" owned.txt
+expect "owned: exit 2" owned.txt
+"$gradnorm" run --recipe transformers:trainer --recipe-arg no_such_field=1 -s single/n3/float32 \
+  > unknown.txt 2>&1
+echo "unknown: exit $?" >> unknown.txt
+expect "TrainingArguments has no field 'no_such_field'" unknown.txt
+expect "unknown: exit 2" unknown.txt
+"$gradnorm" run --recipe "transformers:$mine:NoSuchTrainer" -s single/n3/float32 > missing.txt 2>&1
+echo "missing: exit $?" >> missing.txt
+expect "defines no Trainer subclass or function named 'NoSuchTrainer'" missing.txt
+expect "missing: exit 2" missing.txt
+"$gradnorm" run --recipe transformers:trainer -s dist/5-3/float32 > threads.txt 2>&1
+expect "Trainer on W ranks needs a torch.distributed process group" threads.txt
+exit $failed
