@@ -209,13 +209,17 @@ class _TrainerRun(_gr.GreenletRun):
     def __init__(self, recipe, ctx):
         self.recipe = recipe
         self.fed = []  # input_ids of every forward since the last optimizer step
-        self.collated = []  # input_ids of every batch Trainer's dataloader collated, in order
+        # input_ids of the batches Trainer's dataloader collated and _check_fed has not yet
+        # checked, in order (the next step's first may be among them: accelerate reads ahead)
+        self.collated = []
         self.checked_steps = 0
         self._output = tempfile.TemporaryDirectory(prefix="gradnorm-trainer-")
         self._batches = {}
         super().__init__(ctx)
 
     def batches_of(self, step):
+        for done in [k for k in self._batches if k < self.step]:
+            del self._batches[done]  # the dataset only reads ahead, never back
         if step not in self._batches:
             self._batches[step] = self.ctx.batches_of(step)
         return self._batches[step]
@@ -305,19 +309,20 @@ class _TrainerRun(_gr.GreenletRun):
 
     def _check_fed(self):
         """Proof that this rank trained on its own micro-batches in order: the batches its
-        dataloader collated so far begin with the scenario's windows of steps 0..step (one more
-        may follow: accelerate fetches a batch ahead), and what reached the model in this
-        window is the scenario's micro-batches in order (a user's Trainer may skip one)."""
-        expected = [b["tokens"] for k in range(self.step + 1) for b in self.batches_of(k)]
-        collated = self.collated[:len(expected)]
-        if len(collated) < len(expected) or any(not torch.equal(c, e)
-                                                for c, e in zip(collated, expected)):
+        dataloader collated since the last step begin with this step's window (one more may
+        follow: accelerate fetches a batch ahead), and what reached the model in this window
+        is the window's micro-batches in order (a user's Trainer may skip one). Each step
+        checks its own window once, so all steps together are checked in order."""
+        window = [b["tokens"] for b in self.ctx.micro_batches]
+        collated = self.collated[:len(window)]
+        if len(collated) < len(window) or any(not torch.equal(c, w)
+                                              for c, w in zip(collated, window)):
             raise RuntimeError(
                 "rank %d step %d: Trainer's dataloader gave this rank batches other than the "
-                "scenario's, in their order (%d collated, %d expected by now): its sampler or "
+                "scenario's, in their order (%d collated, %d expected): its sampler or "
                 "accelerate's sharding moved them" % (self.dp_rank, self.step,
-                                                      len(self.collated), len(expected)))
-        window = [b["tokens"] for b in self.ctx.micro_batches]
+                                                      len(self.collated), len(window)))
+        del self.collated[:len(window)]
         fed, self.fed = self.fed, []
         at = 0
         for tokens in fed:
