@@ -723,12 +723,12 @@ _loaded = {}
 
 def load_recipe(framework, target, args, module_name):
     """(file, step function, cannot_run, objective, what runs) for --recipe FRAMEWORK:TARGET."""
-    if framework == "transformers":
+    if framework in ("transformers", "trl"):
         import gradnorm_transformers
-        return gradnorm_transformers.load_trainer(target, args, module_name)
+        return gradnorm_transformers.load_trainer(target, args, module_name, framework)
     if framework != "torchtune":
         raise ValueError("--recipe %s:%s: unknown framework '%s' (known: torchtune, "
-                         "transformers)" % (framework, target, framework))
+                         "transformers, trl)" % (framework, target, framework))
     if target.endswith(".py"):
         path, name = os.path.abspath(target), os.path.splitext(os.path.basename(target))[0]
         if not os.path.isfile(path):

@@ -454,8 +454,8 @@ def describe(error, path, function=None):
     place = where_raised(error, path)
     if function is not None and not place.startswith(str(path) + ":"):
         code = getattr(function, "__code__", None)
-        if code is not None:
-            place = "the step defined at %s:%d" % (path, code.co_firstlineno)
+        if code is not None:  # the step's own file: a recipe's step is gradnorm's, not path's
+            place = "the step defined at %s:%d" % (code.co_filename, code.co_firstlineno)
     return safe_text(type(error).__name__), "%s (at %s)" % (_message_of(error), safe_text(place))
 
 

@@ -68,6 +68,19 @@ _FIXED = {
     "disable_tqdm": True, "use_cpu": True, "dataloader_num_workers": 0,
     "dataloader_pin_memory": False, "remove_unused_columns": False, "lr_scheduler_type": "constant",
     "num_train_epochs": 1,
+    # The scenario's dtype is the parameters' and what they compute in: no mixed precision
+    # (TRL's SFTConfig turns bf16 autocast on by default, trl/trainer/base_config.py).
+    "bf16": False, "fp16": False,
+}
+
+
+# SFTConfig fields the scenario decides beside Trainer's: each rank's samples are laid out
+# in the dataset where a sequential sampler and accelerate's sharding give them to it
+# (_SFTRun._dataset).
+_OWNED_TRL = {
+    "train_sampling_strategy": "(sequential: each rank's own micro-batches, in order)",
+    "dataset_kwargs": "(the dataset is pre-tokenized and prepared by SFTTrainer itself)",
+    "model_init_kwargs": "(the model is the scenario's)",
 }
 
 
@@ -75,24 +88,27 @@ def transformers_version():
     return importlib.metadata.version("transformers")
 
 
-def _parse_args(args):
-    """--recipe-arg KEY=VALUE pairs as TrainingArguments fields: VALUE a Python literal
-    (True, 1.0, "text") or else the text itself."""
-    from transformers import TrainingArguments
-    fields = {f.name for f in dataclasses.fields(TrainingArguments)}
+def trl_version():
+    return importlib.metadata.version("trl")
+
+
+def _parse_args(args, config_class, owned, what):
+    """--recipe-arg KEY=VALUE pairs as fields of config_class (TrainingArguments, or TRL's
+    SFTConfig): VALUE a Python literal (True, 1.0, "text") or else the text itself."""
+    fields = {f.name for f in dataclasses.fields(config_class)}
     out = {}
     for arg in args:
         key, sep, text = arg.partition("=")
         key = key.strip()
         if not sep or not key:
             raise ValueError("--recipe-arg %s: expected KEY=VALUE" % arg)
-        if key in _OWNED:
+        if key in owned:
             raise ValueError("--recipe-arg %s: the scenario decides %s (%s); choose a scenario "
                              "that has what you want (a catalogue scenario or a scenario file)"
-                             % (key, key, _OWNED[key]))
+                             % (key, key, owned[key]))
         if key not in fields:
-            raise ValueError("--recipe-arg %s: transformers %s's TrainingArguments has no field "
-                             "'%s'" % (arg, transformers_version(), key))
+            raise ValueError("--recipe-arg %s: %s's %s has no field '%s'"
+                             % (arg, what, config_class.__name__, key))
         try:
             value = ast.literal_eval(text.strip())
         except (ValueError, SyntaxError):
@@ -103,35 +119,45 @@ def _parse_args(args):
 
 class TrainerRecipe:
     """Trainer (or a user's subclass, or Trainer with a user's compute_loss_func) and the
-    TrainingArguments fields the user set."""
+    TrainingArguments fields the user set; for framework "trl", TRL's SFTTrainer (or a
+    user's subclass of it) and SFTConfig fields."""
 
-    def __init__(self, target, args, module_name):
+    def __init__(self, target, args, module_name, framework="transformers"):
         import transformers
+        self.framework = framework
         self.target = target
-        self.overrides = _parse_args(args)
         self.compute_loss_func = None
-        if target == "trainer":
-            self.cls = transformers.Trainer
-            self.file = inspect.getsourcefile(transformers.Trainer)
+        if framework == "trl":
+            import trl
+            base, builtin, self.config_class = trl.SFTTrainer, "sft", trl.SFTConfig
+            owned, what = dict(_OWNED, **_OWNED_TRL), "trl %s" % trl_version()
+        else:
+            base, builtin, self.config_class = (transformers.Trainer, "trainer",
+                                                transformers.TrainingArguments)
+            owned, what = _OWNED, "transformers %s" % transformers_version()
+        self.overrides = _parse_args(args, self.config_class, owned, what)
+        if target == builtin:
+            self.cls = base
+            self.file = inspect.getsourcefile(base)
             return
         path, _, name = target.rpartition(":")
         if not path.endswith(".py") or not name:
-            raise ValueError("--recipe transformers:%s: expected transformers:trainer or "
-                             "transformers:PATH.py:NAME (a Trainer subclass or a "
-                             "compute_loss_func in your file)" % target)
+            raise ValueError("--recipe %s:%s: expected %s:%s or %s:PATH.py:NAME (a %s subclass "
+                             "or a compute_loss_func in your file)"
+                             % (framework, target, framework, builtin, framework, base.__name__))
         self.file = os.path.abspath(path)
         if not os.path.isfile(self.file):
-            raise FileNotFoundError("--recipe transformers:%s: no such file %s" % (target, path))
+            raise FileNotFoundError("--recipe %s:%s: no such file %s" % (framework, target, path))
         module = _gt.import_file(self.file, module_name)
         found = getattr(module, name, None)
-        if isinstance(found, type) and issubclass(found, transformers.Trainer):
+        if isinstance(found, type) and issubclass(found, base):
             self.cls = found
         elif callable(found) and not isinstance(found, type):
-            self.cls = transformers.Trainer
+            self.cls = base
             self.compute_loss_func = found
         else:
-            raise LookupError("--recipe transformers:%s: %s defines no Trainer subclass or "
-                              "function named '%s'" % (target, path, name))
+            raise LookupError("--recipe %s:%s: %s defines no %s subclass or function named '%s'"
+                              % (framework, target, path, base.__name__, name))
 
     def cannot_run(self, scenario):
         if scenario["model"] != "python":
@@ -239,7 +265,6 @@ class _TrainerRun(_gr.GreenletRun):
         return model
 
     def _arguments(self):
-        from transformers import TrainingArguments
         s = self.scenario
         clip = s["clip_max_norm"]
         values = dict(_FIXED)
@@ -250,8 +275,21 @@ class _TrainerRun(_gr.GreenletRun):
                       max_grad_norm=0.0 if clip is None else float(clip))
         if self.dp_size > 1:
             values["ddp_backend"] = "gloo"
+        values.update(self._fixed())
         values.update(self.recipe.overrides)
-        return TrainingArguments(**values)
+        return self.recipe.config_class(**values)
+
+    def _fixed(self):
+        """Arguments a subclass sets beside _FIXED."""
+        return {}
+
+    def _trainer_kwargs(self):
+        """What Trainer's constructor is given beside the model, arguments, optimizer and
+        callbacks: this rank's dataset and a collator (Trainer's own, recording)."""
+        return dict(train_dataset=_Dataset(self), data_collator=self.collate)
+
+    def _constructed(self, trainer):
+        """Called once the trainer is built, before it trains."""
 
     def _distributed_environment(self):
         """What accelerate reads to find this rank's place (its state.py, CPU ranks), set
@@ -281,9 +319,8 @@ class _TrainerRun(_gr.GreenletRun):
         # The rate is the scenario's (Trainer logs it); the harness's optimizer steps with it.
         optimizer = _gr.Optimizer(model.parameters(), lr=float(self.scenario["learning_rate"]))
         schedule = _gr.constant_lr(optimizer)
-        kwargs = dict(model=model, args=args, train_dataset=_Dataset(self),
-                      data_collator=self.collate, optimizers=(optimizer, schedule),
-                      callbacks=[_callback_class()(self)])
+        kwargs = dict(model=model, args=args, optimizers=(optimizer, schedule),
+                      callbacks=[_callback_class()(self)], **self._trainer_kwargs())
         if self.recipe.compute_loss_func is not None:
             kwargs["compute_loss_func"] = self.recipe.compute_loss_func
         trainer = self.recipe.cls(**kwargs)
@@ -294,16 +331,19 @@ class _TrainerRun(_gr.GreenletRun):
         trainer.remove_callback(PrinterCallback)
         trainer.remove_callback(ProgressCallback)
         self._check_distributed(trainer)
+        self._constructed(trainer)
         trainer.train()
         self.finished = True
 
     def _finished(self):
         self._output.cleanup()
 
-    def collate(self, features):
-        """Trainer's own default collator, recording what it collated."""
-        from transformers import default_data_collator
-        batch = default_data_collator(features)
+    def collate(self, features, collator=None):
+        """Trainer's own default collator (or the one given), recording what it collated."""
+        if collator is None:
+            from transformers import default_data_collator
+            collator = default_data_collator
+        batch = collator(features)
         self.collated.append(batch["input_ids"].detach().clone())
         return batch
 
@@ -344,11 +384,81 @@ class _TrainerRun(_gr.GreenletRun):
         super().hand_over(optimizer)
 
 
+class _SFTRun(_TrainerRun):
+    """TRL's SFTTrainer (a Trainer subclass) on this rank. SFTTrainer takes a datasets.Dataset
+    only (sft_trainer.py's __init__ refuses anything else) and prepares it itself, so the
+    rank's samples cannot be served in the order asked: every sample of every step is laid
+    out where a sequential sampler and accelerate's sharding (global micro-batch g goes to
+    rank g mod W) hand it to this rank, other ranks' places holding a placeholder sequence
+    (token 0 throughout, every label valid) this rank never trains on. The collator is
+    SFTTrainer's own (DataCollatorForLanguageModeling), recording what it collated; the
+    tokenizer (a processing class SFTTrainer requires, to find its pad token) is a word-level
+    one over the scenario's vocabulary, built here: the dataset is already tokenized."""
+
+    def _fixed(self):
+        return {"train_sampling_strategy": "sequential"}
+
+    def _dataset(self):
+        import datasets
+        datasets.disable_progress_bars()  # its map/filter progress would interleave
+        s = self.scenario
+        length, batch = int(s["sequence_length"]), self.micro_batch_size
+        per_rank = self.steps * self.accumulation_steps
+        placeholder = [0] * length
+        input_ids, labels = [], []
+        for g in range(per_rank * self.dp_size):
+            k, owner = divmod(g, self.dp_size)
+            if owner != self.dp_rank:
+                input_ids += [placeholder] * batch
+                labels += [placeholder] * batch
+                continue
+            micro = self.ctx.batches_of(k // self.accumulation_steps)[k % self.accumulation_steps]
+            for row in range(batch):
+                shifted = micro["labels"][row]
+                aligned = torch.cat([micro["first_labels"][row:row + 1], shifted[:-1]])
+                input_ids.append(micro["tokens"][row].tolist())
+                labels.append(aligned.tolist())
+        return datasets.Dataset.from_dict({"input_ids": input_ids, "labels": labels})
+
+    def _tokenizer(self):
+        from tokenizers import Tokenizer
+        from tokenizers.models import WordLevel
+        from transformers import PreTrainedTokenizerFast
+        vocab = {"t%d" % i: i for i in range(int(self.scenario["vocab_size"]))}
+        return PreTrainedTokenizerFast(tokenizer_object=Tokenizer(WordLevel(vocab, unk_token="t0")),
+                                       pad_token="t0", eos_token="t0", unk_token="t0")
+
+    def _trainer_kwargs(self):
+        self._given = self._dataset()
+        return dict(train_dataset=self._given, processing_class=self._tokenizer())
+
+    def _constructed(self, trainer):
+        given, kept = len(self._given), len(trainer.train_dataset)
+        lost = torch.tensor([int(kept != given)])
+        if self.dp_size > 1:  # every rank stops, or the others would wait in DDP's all-reduce
+            torch.distributed.all_reduce(lost, op=torch.distributed.ReduceOp.MAX)
+        if kept == given and int(lost):
+            raise RuntimeError("rank %d: another rank's SFTTrainer dataset preparation dropped "
+                               "sequences (that rank says which)" % self.dp_rank)
+        if kept != given:
+            dropped = [i for i, labels in enumerate(self._given["labels"])
+                       if all(label == IGNORE_INDEX for label in labels)]
+            raise RuntimeError(
+                "rank %d: SFTTrainer's dataset preparation kept %d of the %d sequences given "
+                "(%d of them have no valid label; with max_length set it drops such sequences, "
+                "so the micro-batches regroup and the scenario's cannot be trained as given; "
+                "--recipe-arg max_length=None keeps them)" % (self.dp_rank, kept, given,
+                                                              len(dropped)))
+        own = trainer.data_collator
+        trainer.data_collator = lambda features: self.collate(features, own)
+
+
 def make_step(recipe):
     def step(ctx):
         run = ctx.state.get("trainer run")
         if run is None:
-            run = ctx.state["trainer run"] = _TrainerRun(recipe, ctx)
+            kind = _SFTRun if recipe.framework == "trl" else _TrainerRun
+            run = ctx.state["trainer run"] = kind(recipe, ctx)
         run.advance(ctx, ctx.step_index)
         if run.checked_steps != ctx.step_index + 1:
             raise RuntimeError("Trainer did not step its optimizer in gradnorm step %d"
@@ -359,16 +469,27 @@ def make_step(recipe):
     return step
 
 
-def load_trainer(target, args, module_name):
-    """(file, step function, cannot_run, objective) for --recipe transformers:TARGET."""
+def load_trainer(target, args, module_name, framework="transformers"):
+    """(file, step function, cannot_run, objective, what runs) for --recipe transformers:TARGET
+    or --recipe trl:TARGET."""
     try:
         import transformers  # noqa: F401
+        if framework == "trl":
+            import trl  # noqa: F401
     except ImportError as error:
-        raise ImportError("--recipe transformers:%s: transformers does not import here (%s); "
-                          "scripts/install-deps.sh installs requirements.txt's pins"
-                          % (target, error)) from None
-    recipe = TrainerRecipe(target, args, module_name)
-    what = "transformers %s's Trainer" % transformers_version()
-    if recipe.target != "trainer":
+        where = ("scripts/install-deps.sh installs TRL in .venv/trl-1.16.0 "
+                 "(requirements-trl.txt): put it first on PYTHONPATH"
+                 if framework == "trl" else
+                 "scripts/install-deps.sh installs requirements.txt's pins")
+        raise ImportError("--recipe %s:%s: %s does not import here (%s); %s"
+                          % (framework, target, framework, error, where)) from None
+    recipe = TrainerRecipe(target, args, module_name, framework)
+    if framework == "trl":
+        what = "trl %s's SFTTrainer (transformers %s)" % (trl_version(), transformers_version())
+        builtin = "sft"
+    else:
+        what = "transformers %s's Trainer" % transformers_version()
+        builtin = "trainer"
+    if recipe.target != builtin:
         what = "%s (%s)" % (recipe.target, what)
     return recipe.file, make_step(recipe), recipe.cannot_run, "scenario_loss", what

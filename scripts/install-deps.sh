@@ -53,21 +53,35 @@ else
   echo "install-deps: $venv holds requirements.txt ($("$venv/bin/python" -c 'import torch; print("torch", torch.__version__)'))"
 fi
 
-# transformers 4.57.6 in a folder of its own, put first on PYTHONPATH by the runs that judge
-# it (requirements-transformers4.txt says why). pip check cannot see a --target folder, so
-# the import below proves the three pins load beside the environment's other packages.
-overlay="$venv/transformers-4.57.6"
-if cmp -s requirements-transformers4.txt "$overlay/gradnorm-requirements.txt"; then
-  echo "install-deps: $overlay already holds requirements-transformers4.txt"
-  exit 0
-fi
-rm -rf "$overlay"
-"$venv/bin/python" -m pip install --quiet --no-deps --disable-pip-version-check \
-  --target "$overlay" -r requirements-transformers4.txt
-PYTHONPATH="$overlay" "$venv/bin/python" -c '
+# Overlays: a few packages in a folder of their own inside the environment, put first on
+# PYTHONPATH by the runs that judge them (each requirements file says why). pip check cannot
+# see a --target folder, so an import check proves each overlay's pins load beside the
+# environment's other packages; a stamp file records which pins the folder holds.
+install_overlay() {  # install_overlay FOLDER REQUIREMENTS CHECK-PROGRAM
+  local overlay="$venv/$1" requirements=$2 check=$3
+  if cmp -s "$requirements" "$overlay/gradnorm-requirements.txt"; then
+    echo "install-deps: $overlay already holds $requirements"
+    return
+  fi
+  rm -rf "$overlay"
+  "$venv/bin/python" -m pip install --quiet --no-deps --disable-pip-version-check \
+    --target "$overlay" -r "$requirements"
+  PYTHONPATH="$overlay" "$venv/bin/python" -c "$check"
+  cp "$requirements" "$overlay/gradnorm-requirements.txt"
+}
+
+install_overlay transformers-4.57.6 requirements-transformers4.txt '
 import transformers, accelerate, huggingface_hub
 assert transformers.__version__ == "4.57.6", transformers.__version__
 from transformers import Trainer, LlamaForCausalLM  # noqa: F401
 print("install-deps: transformers", transformers.__version__, "with huggingface_hub",
       huggingface_hub.__version__, "and accelerate", accelerate.__version__)'
-cp requirements-transformers4.txt "$overlay/gradnorm-requirements.txt"
+
+install_overlay trl-1.16.0 requirements-trl.txt '
+import warnings
+warnings.filterwarnings("ignore")  # torchao 0.15 warns that its C++ extensions do not match
+import trl, datasets, pyarrow, transformers
+assert trl.__version__ == "1.16.0", trl.__version__
+from trl import SFTTrainer, SFTConfig  # noqa: F401
+print("install-deps: trl", trl.__version__, "with datasets", datasets.__version__,
+      "pyarrow", pyarrow.__version__, "and transformers", transformers.__version__)'

@@ -595,7 +595,8 @@ const LoadedStep& load_recipe(const RecipeVariant& variant, std::string& name,
     const auto [type, message] = describe(error, target);
     throw InvalidInput(fmt::format("--recipe {}: {}: {}", variant.spec, type, message));
   }
-  // A Trainer subclass in a file (transformers:PATH.py:NAME) is named FILE-STEM.NAME.
+  // A Trainer subclass in a file (transformers:PATH.py:NAME, trl:PATH.py:NAME) is named
+  // FILE-STEM.NAME.
   const auto py_colon = target.find(".py:");
   const std::string stem =
       py_colon == std::string::npos
@@ -609,7 +610,7 @@ const LoadedStep& load_recipe(const RecipeVariant& variant, std::string& name,
 }  // namespace
 
 std::string default_recipe_model(std::string_view recipe) {
-  if (recipe.rfind("transformers:", 0) == 0) {
+  if (recipe.rfind("transformers:", 0) == 0 || recipe.rfind("trl:", 0) == 0) {
     return "python:" GRADNORM_EXAMPLES_DIR "/transformers/tiny_llama.py:hf_tiny_llama";
   }
   std::string spec = "python:" GRADNORM_EXAMPLES_DIR "/torchtune/tiny_llama.py:tiny_llama";

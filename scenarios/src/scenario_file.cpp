@@ -251,8 +251,8 @@ std::vector<VariantDeclaration> read_variants(const toml::table& root, const std
     r.read(std::string_view("reference"), v.reference, "a string");
     r.read(std::string_view("findings_of"), v.findings_of, "a string");
     r.read(std::string_view("recipe"), v.recipe,
-           "a string (torchtune:NAME, torchtune:PATH.py, transformers:trainer or "
-           "transformers:PATH.py:NAME)");
+           "a string (torchtune:NAME, torchtune:PATH.py, transformers:trainer, "
+           "transformers:PATH.py:NAME, trl:sft or trl:PATH.py:NAME)");
     if (const toml::node* args = r.node("recipe_args")) {
       const toml::array* items = args->as_array();
       if (items == nullptr) r.fail("recipe_args", "must be an array of \"KEY=VALUE\" strings");

@@ -163,16 +163,17 @@ void add_recipe_options(CLI::App& command, PythonStepOptions& options) {
   command.add_option("--recipe", options.recipe,
                      "judge a framework's own recipe code, unmodified: torchtune:NAME (a recipe "
                      "the installed torchtune ships), torchtune:PATH.py (your copy of one), "
-                     "transformers:trainer (the installed transformers.Trainer) or "
-                     "transformers:PATH.py:NAME (your Trainer subclass or compute_loss_func)");
+                     "transformers:trainer (the installed transformers.Trainer), "
+                     "transformers:PATH.py:NAME (your Trainer subclass or compute_loss_func), "
+                     "trl:sft (TRL's SFTTrainer) or trl:PATH.py:NAME (your SFTTrainer subclass)");
   command.add_option("--recipe-arg", options.recipe_args,
                      "KEY=VALUE: override the recipe's config as `tune run` does, or set a "
-                     "TrainingArguments field for transformers (repeatable); "
+                     "TrainingArguments (SFTConfig) field for transformers (trl) (repeatable); "
                      "keys the scenario decides are refused");
   command.add_option("--recipe-model", options.recipe_model,
                      "python:FILE.py:FUNCTION: the framework's model a recipe run gives scenarios "
                      "whose model is built in (default: examples/torchtune/tiny_llama.py, "
-                     "examples/transformers/tiny_llama.py for transformers)");
+                     "examples/transformers/tiny_llama.py for transformers and trl)");
 }
 
 // Registers the steps a run declares (--python-step, and [[variant]] tables in the scenario

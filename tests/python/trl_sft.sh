@@ -1,0 +1,93 @@
+#!/usr/bin/env bash
+# ctest: TRL's SFTTrainer, unmodified (trl 1.16.0 from the folder requirements-trl.txt
+# installs, first on PYTHONPATH, beside the environment's transformers 5.18.0), judged on
+# catalogue scenarios with transformers' own LlamaForCausalLM: one device and 2 rank processes
+# over Gloo DDP; its dataset preparation dropping sequences with no valid label (and
+# max_length=None keeping them); average_tokens_across_devices off; the model without loss
+# kwargs; a user's SFTTrainer subclasses from a file; bad input (exit 2). The figures are the
+# ones measured and explained in the README ("TRL's SFTTrainer"). Skips (77) where TRL cannot
+# be imported.
+# Arguments: GRADNORM_BINARY SOURCE_DIR WORK_DIR
+set -uo pipefail
+gradnorm="$1"
+source_dir="$2"
+work="$3"
+python="${GRADNORM_PYTHON:?set it to the environment python, as ctest does}"
+overlay="$(dirname "$(dirname "$python")")/trl-1.16.0"
+if ! why=$(PYTHONPATH="$overlay" "$python" -W ignore -c 'import trl, transformers' 2>&1); then
+  echo "SKIP: TRL does not import in $python with $overlay: $(echo "$why" | tail -1)"
+  exit 77
+fi
+source "$(dirname "${BASH_SOURCE[0]}")/script_common.sh"
+export PYTHONPATH="$overlay"
+sft=trl/sft
+nk=python:$source_dir/examples/transformers/tiny_llama.py:hf_tiny_llama_no_loss_kwargs
+
+# One device, SFTConfig's defaults but the scenario's: ragged accumulation and the first label
+# valid pass; a scenario with sequences that have no valid label cannot be given as it is
+# (max_length's filter drops them), and with max_length=None its window passes.
+"$gradnorm" run --recipe trl:sft -s single/accum2-ragged/float32 \
+  -s first-valid/single/accum2-ragged/float32 -s single/accum4-ragged/float32 \
+  --json one.json > one.txt 2>&1
+echo "one: exit $?" >> one.txt
+row hf_tiny_llama/single/accum2-ragged/float32 $sft pass one.txt
+row hf_tiny_llama/first-valid/single/accum2-ragged/float32 $sft pass one.txt
+row hf_tiny_llama/single/accum4-ragged/float32 $sft error-mismatch one.txt
+expect "SFTTrainer's dataset preparation kept 7 of the 8 sequences given (1 of them have no valid label" one.txt
+expect "one: exit 1" one.txt
+expect "trl 1.16.0's SFTTrainer (transformers 5.18.0), unmodified" one.json
+"$gradnorm" run --recipe trl:sft --recipe-arg max_length=None -s single/accum4-ragged/float32 \
+  -s single/clip-zero/float32 -s single/all-masked-mean_ce/float32 > nomax.txt 2>&1
+row hf_tiny_llama/single/accum4-ragged/float32 $sft pass nomax.txt
+row hf_tiny_llama/single/clip-zero/float32 $sft fail nomax.txt
+row hf_tiny_llama/single/all-masked-mean_ce/float32 $sft error-mismatch nomax.txt
+expect "N == 0 but the step returned finite gradients, loss and parameters" nomax.txt
+# The model without loss kwargs: SFTTrainer's fused head bypasses its forward, but Trainer
+# read the forward's signature and passes no token count: each micro-batch's own mean.
+"$gradnorm" run --recipe trl:sft --recipe-model "$nk" -s single/accum2-ragged/float32 > nk.txt 2>&1
+row hf_tiny_llama_no_loss_kwargs/single/accum2-ragged/float32 $sft fail nk.txt
+expect "step 0: gradients rel L2 error 0.246 > 1e-05" nk.txt
+
+# 2 rank processes: tokens averaged across devices; a rank whose sequences are dropped stops
+# every rank (no hang); without averaging, each rank normalises by its own tokens.
+"$gradnorm" run --recipe trl:sft --nproc 2 -s dist/5-3/float32 -s dist/0-8/float32 \
+  > dist.txt 2>&1
+row hf_tiny_llama/dist/5-3/float32 $sft pass dist.txt
+row hf_tiny_llama/dist/0-8/float32 $sft error-mismatch dist.txt
+expect "rank 1: another rank's SFTTrainer dataset preparation dropped sequences" dist.txt
+"$gradnorm" run --recipe trl:sft --nproc 2 --recipe-arg max_length=None -s dist/0-8/float32 \
+  -s first-valid/dist/accum2-ragged/float32 > dist-nomax.txt 2>&1
+row hf_tiny_llama/dist/0-8/float32 $sft pass dist-nomax.txt
+row hf_tiny_llama/first-valid/dist/accum2-ragged/float32 $sft pass dist-nomax.txt
+"$gradnorm" run --recipe trl:sft --nproc 2 --recipe-arg average_tokens_across_devices=False \
+  -s dist/5-3/float32 > noavg.txt 2>&1
+row hf_tiny_llama/dist/5-3/float32 $sft fail noavg.txt
+expect "every rank: step 0: gradients rel L2 error 0.223 > 1e-05" noavg.txt
+
+# A user's SFTTrainer subclasses from a file, as the variants of a scenario file.
+"$gradnorm" run -f "$source_dir/examples/transformers/my_sft_trainer.toml" > mine.txt 2>&1
+row mine/accum2-ragged/float32 mine/counts-valid-tokens pass mine.txt
+row mine/accum2-ragged/float32 mine/mean-per-micro-batch fail mine.txt
+expect "step 0: gradients rel L2 error 1.16 > 1e-05" mine.txt
+row mine/accum2-empty-first/float32 mine/counts-valid-tokens pass mine.txt
+row mine/accum2-empty-first/float32 mine/mean-per-micro-batch pass mine.txt
+
+# Bad input: exit 2 before anything runs.
+"$gradnorm" run --recipe trl:sft --recipe-arg train_sampling_strategy=random -s single/n3/float32 \
+  > owned.txt 2>&1
+echo "owned: exit $?" >> owned.txt
+expect "--recipe-arg train_sampling_strategy: the scenario decides train_sampling_strategy" owned.txt
+expect "owned: exit 2" owned.txt
+"$gradnorm" run --recipe trl:sft --recipe-arg no_such_field=1 -s single/n3/float32 > unknown.txt 2>&1
+echo "unknown: exit $?" >> unknown.txt
+expect "trl 1.16.0's SFTConfig has no field 'no_such_field'" unknown.txt
+expect "unknown: exit 2" unknown.txt
+"$gradnorm" run --recipe trl:my_sft_trainer.py -s single/n3/float32 > shape.txt 2>&1
+echo "shape: exit $?" >> shape.txt
+expect "expected trl:sft or trl:PATH.py:NAME" shape.txt
+expect "shape: exit 2" shape.txt
+PYTHONPATH= "$gradnorm" run --recipe trl:sft -s single/n3/float32 > absent.txt 2>&1
+echo "absent: exit $?" >> absent.txt
+expect "trl does not import here" absent.txt
+expect "absent: exit 2" absent.txt
+exit $failed
