@@ -19,7 +19,9 @@ reduces bit for bit as the harness's C++ steps do.
 import functools
 import importlib.util
 import math
+import numbers
 import os
+import signal
 import sys
 import threading
 
@@ -321,8 +323,13 @@ def _number(result, key):
             raise TypeError("the step returned %s as a tensor of %d elements; it must be one "
                             "number" % (key, value.numel()))
         return float(value.detach().item())
-    if isinstance(value, (int, float)) and not isinstance(value, bool):
+    # numbers.Real takes NumPy's scalars too (numpy registers its floating and integer
+    # types there), and a one-element NumPy array reads as its element.
+    if isinstance(value, numbers.Real) and not isinstance(value, bool):
         return float(value)
+    if type(value).__module__ == "numpy" and getattr(value, "size", None) == 1 \
+            and hasattr(value, "item") and isinstance(value.item(), numbers.Real):
+        return float(value.item())
     raise TypeError("the step returned %s of type %s; it must be a number or a one-element "
                     "tensor" % (key, type(value).__name__))
 
@@ -398,7 +405,10 @@ def load_step(path, function, module_name):
     if folder not in sys.path:
         sys.path.insert(0, folder)
     _step_folders.setdefault(folder, path)
-    module = import_file(path, module_name)
+    try:
+        module = import_file(path, module_name)
+    finally:
+        leave_forked_child(0)
     _check_imports(folder, path)
     step = getattr(module, function, None)
     if step is None:
@@ -516,7 +526,29 @@ def _refuse_wrapper_on_shim_ranks(cls, name):
     cls.__init__ = init
 
 
+_HARNESS_PID = os.getpid()
+_real_exit = os._exit
+
+
+def in_forked_child():
+    """True in a process a step forked (a DataLoader's worker, an os.fork()): the harness's
+    threads and state did not come with it, so it must never return into the harness."""
+    return os.getpid() != _HARNESS_PID
+
+
+def leave_forked_child(status):
+    """Ends a forked child that reached the harness's code again (a step returned or raised
+    in it): the parent's harness goes on; the child goes at once, with no cleanup of the
+    state it copied (the parent's threads and locks, which it does not own)."""
+    if in_forked_child():
+        sys.stdout.flush()
+        sys.stderr.flush()
+        _real_exit(status)
+
+
 def _no_exit(status=0):
+    if in_forked_child():  # a forked worker (multiprocessing ends its children so) ends alone
+        _real_exit(status)
     raise GradnormUnsupported("os._exit(%r) inside a gradnorm step: the harness would vanish "
                               "with no report; raise an exception instead" % (status,))
 
@@ -526,7 +558,12 @@ def embed():
     no os._exit; on ranks as threads (and raw NCCL's shim), no DDP/FSDP wrapper and no
     process-group management; on rank processes the harness owns the default group, so a
     step may not create or destroy it (new_group and every collective are torch's own)."""
+    global _HARNESS_PID
+    _HARNESS_PID = os.getpid()
     os._exit = _no_exit
+    for name in ("alarm", "setitimer"):
+        setattr(signal, "_gradnorm_original_" + name, getattr(signal, name))
+        setattr(signal, name, _refuse_timer(name))
     _refuse_wrapper_on_shim_ranks(torch.nn.parallel.DistributedDataParallel,
                                   "DistributedDataParallel")
     from torch.distributed.fsdp import FullyShardedDataParallel
@@ -543,6 +580,17 @@ def embed():
     for name in ("destroy_process_group", "init_process_group"):
         setattr(_c10d, name, _refuse_function(name))
         setattr(dist, name, _refuse_function(name))
+
+
+def _refuse_timer(name):
+    def refuse(*args, **kwargs):
+        if in_forked_child():
+            return getattr(signal, "_gradnorm_original_" + name)(*args, **kwargs)
+        raise GradnormUnsupported(
+            "signal.%s inside a gradnorm step: the timer's signal would end the whole harness "
+            "with no report (its default action) or run a handler on another rank's thread; "
+            "gradnorm's --timeout bounds a step's time" % name)
+    return refuse
 
 
 def _refuse_fully_shard_of_built_in_models(fsdp):
@@ -613,9 +661,13 @@ def run_step(step, rank):
                        + context.step_index) % (2 ** 63))
     try:
         if rank.group is None:
-            return read_result(step(context))
-        with _DefaultGroup(rank.group):
-            return read_result(step(context))
+            result = read_result(step(context))
+        else:
+            with _DefaultGroup(rank.group):
+                result = read_result(step(context))
+    except BaseException:
+        leave_forked_child(1)
+        raise
     finally:
         # What a step changes of torch's global state must not leak into the next run
         # (set_default_dtype is common in recipes).
@@ -623,6 +675,8 @@ def run_step(step, rank):
         torch.set_grad_enabled(saved[1])
         torch.set_num_threads(saved[2])
         torch.use_deterministic_algorithms(saved[3])
+    leave_forked_child(0)
+    return result
 
 
 # --- models from Python files: model = "python:FILE.py:FUNCTION" ------------------------
@@ -640,6 +694,7 @@ def build_model(function, path, name, vocab_size, hidden_size, sequence_length, 
             module = function(vocab_size=int(vocab_size), hidden_size=int(hidden_size),
                               sequence_length=int(sequence_length))
     finally:
+        leave_forked_child(0)
         torch.set_default_dtype(saved[0])
         torch.set_grad_enabled(saved[1])
     if not isinstance(module, torch.nn.Module):
@@ -665,7 +720,10 @@ def model_logits(module, tokens, dtype, scenario_dtype):
     in a float64 scenario: there the oracle's twin must give float64 logits. (In a float32 or
     bfloat16 scenario the twin's logits rounded to float32 are off by at most 6e-8 relative,
     170 times under float32's 1e-5 gradient tolerance.)"""
-    out = module(tokens)
+    try:
+        out = module(tokens)
+    finally:
+        leave_forked_child(0)
     logits = out if isinstance(out, torch.Tensor) else getattr(out, "logits", None)
     if not isinstance(logits, torch.Tensor):
         raise TypeError("forward returned %s, not a tensor of logits (nor an output with a "

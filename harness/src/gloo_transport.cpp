@@ -8,6 +8,8 @@
 #include <torch/csrc/distributed/c10d/TCPStore.hpp>
 
 #include <fmt/format.h>
+
+#include <filesystem>
 #include <fmt/ranges.h>
 
 #include <algorithm>
@@ -488,6 +490,15 @@ Rendezvous rendezvous_from_environment() {
           "unset GRADNORM_STORE under torchrun");
     }
     r.file_store = text.substr(5);
+    // The store's folder must exist before c10d's FileStore opens it there (it failed inside
+    // the rank as exit 3): an input error naming the variable.
+    const std::filesystem::path folder = std::filesystem::path(r.file_store).parent_path();
+    std::error_code error;
+    if (!folder.empty() && !std::filesystem::is_directory(folder, error)) {
+      throw scenarios::InvalidInput(fmt::format(
+          "GRADNORM_STORE='{}': the folder {} does not exist (a FileStore path every rank can reach)",
+          text, folder.string()));
+    }
     return r;
   }
   r.master_addr = required_env("MASTER_ADDR");

@@ -2,6 +2,8 @@
 
 #include <fmt/format.h>
 
+#include "gradnorm/harness/communicator.hpp"
+
 #include <condition_variable>
 #include <latch>
 #include <memory>
@@ -97,7 +99,7 @@ class Pool {
       } catch (const std::system_error& error) {
         const int rank = static_cast<int>(out.size()) + 1;
         idle_.insert(idle_.end(), out.begin(), out.end());
-        throw std::runtime_error(fmt::format(
+        throw RankFailure(fmt::format(
             "could not start a thread for rank {} of {}: {} (fewer ranks, or more memory for "
             "thread stacks, may help)",
             rank, count + 1, error.what()));

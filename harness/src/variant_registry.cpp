@@ -49,8 +49,16 @@ void register_variant(VariantSpec spec) {
   if (lookup(r, spec.name)) refuse("a variant of that name is already registered");
   if (!spec.make) refuse("it has no step factory (make)");
   if (spec.reference.empty()) spec.reference = spec.name;
-  if (spec.reference != spec.name && !lookup(r, spec.reference)) {
-    refuse(fmt::format("its reference '{}' is not registered (register it first)", spec.reference));
+  if (spec.reference != spec.name) {
+    const VariantSpec* reference = lookup(r, spec.reference);
+    if (reference == nullptr) {
+      refuse(fmt::format("its reference '{}' is not registered (register it first)", spec.reference));
+    }
+    if (reference->role == Role::negative_control) {  // it was accepted, and judged nothing
+      refuse(fmt::format("its reference '{}' is a negative control, broken on purpose: a reference's "
+                         "error behaviour must be right (baseline, or a variant of role reference)",
+                         spec.reference));
+    }
   }
   if (spec.role == Role::negative_control && !spec.bug_visible) {
     refuse("a negative control needs bug_visible: where its bug can show");

@@ -36,6 +36,7 @@
 #include "gradnorm/harness/runner.hpp"
 #include "gradnorm/harness/step.hpp"
 #include "gradnorm/harness/training.hpp"
+#include "gradnorm/scenarios/files.hpp"
 
 namespace py = pybind11;
 
@@ -425,20 +426,19 @@ const LoadedStep& load(const StepSource& source) {
   std::lock_guard lock(mutex);
   const auto key = std::make_pair(source.file, source.function);
   if (auto found = loaded.find(key); found != loaded.end()) return *found->second;
-  std::error_code ignored;
-  if (!std::filesystem::is_regular_file(source.file, ignored)) {
-    throw InvalidInput(fmt::format("Python step '{}': no such file", source.file));
+  if (auto why = scenarios::why_unreadable(source.file)) {
+    throw InvalidInput(fmt::format("Python step '{}' {}", source.file, *why));
   }
   Interpreter& interpreter = Interpreter::get();
   py::gil_scoped_acquire gil;
   py::module_ runtime = interpreter.runtime();
   auto* step = new LoadedStep{source.file};
   try {
-    py::object function =
-        runtime.attr("load_step")(source.file, source.function,
-                                  detail::module_name_for("step", source.file));
-    py::object module = py::module_::import("sys").attr("modules")[py::str(
-        function.attr("__module__"))];
+    const std::string module_name = detail::module_name_for("step", source.file);
+    py::object function = runtime.attr("load_step")(source.file, source.function, module_name);
+    // The file's own module: a step imported from another file keeps that file's
+    // __module__, whose cannot_run speaks for the other step, not this one.
+    py::object module = py::module_::import("sys").attr("modules")[py::str(module_name)];
     if (py::hasattr(module, "cannot_run")) {
       step->cannot_run = py::object(module.attr("cannot_run")).release().ptr();
     }

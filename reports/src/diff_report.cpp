@@ -1,4 +1,5 @@
 #include "gradnorm/reports/diff.hpp"
+#include "gradnorm/scenarios/files.hpp"
 
 #include <fmt/format.h>
 #include <fmt/ranges.h>
@@ -8,6 +9,7 @@
 #include <fstream>
 #include <limits>
 #include <map>
+#include <set>
 #include <sstream>
 
 #include "format.hpp"
@@ -202,16 +204,65 @@ int Diff::count(Change change) const {
 }
 
 bool Diff::has_regression() const {
-  return count(Change::regression) > 0 || count(Change::control_lost) > 0;
+  return count(Change::regression) > 0 || count(Change::control_lost) > 0 || head_lost_every_row();
+}
+
+std::vector<std::string> report_contradictions(const json& report) {
+  std::vector<std::string> found;
+  if (!report.is_object() || !report.contains("records") || !report["records"].is_array()) return found;
+  const json& records = report["records"];
+  std::map<std::string, int> seen;
+  std::map<std::string, long> verdicts;
+  long unexpected = 0;
+  for (const json& r : records) {
+    if (!r.is_object()) continue;
+    if (r.contains("scenario") && r["scenario"].is_string() && r.contains("variant") && r["variant"].is_string()) {
+      if (++seen[key_of(r)] == 2) {
+        found.push_back(fmt::format("row ({}, {}) appears more than once", r["scenario"].get<std::string>(),
+                                    r["variant"].get<std::string>()));
+      }
+    }
+    if (r.contains("verdict") && r["verdict"].is_string()) ++verdicts[r["verdict"].get<std::string>()];
+    if (r.contains("met") && r["met"].is_boolean() && !r["met"].get<bool>()) ++unexpected;
+  }
+  if (!report.contains("summary") || !report["summary"].is_object()) return found;
+  const json& summary = report["summary"];
+  const std::pair<const char*, long> counts[] = {
+      {"rows", static_cast<long>(records.size())}, {"pass", verdicts["pass"]},
+      {"fail", verdicts["fail"]}, {"expected_error", verdicts["expected-error"]},
+      {"error_mismatch", verdicts["error-mismatch"]}, {"unexpected", unexpected}};
+  for (const auto& [field, actual] : counts) {
+    if (summary.contains(field) && summary[field].is_number_integer() && summary[field].get<long>() != actual) {
+      found.push_back(fmt::format("summary.{} is {}, but the records hold {}", field,
+                                  summary[field].get<long>(), actual));
+    }
+  }
+  return found;
 }
 
 json read_json_report(const std::string& path) {
-  std::ifstream in(path, std::ios::binary);
-  if (!in) throw scenarios::InvalidInput(fmt::format("cannot read report '{}'", path));
-  std::stringstream text;
-  text << in.rdbuf();
+  // 1 GiB bounds what one report may make gradnorm hold in memory (a folder, a device or a
+  // FIFO is refused before it is opened).
+  constexpr std::uintmax_t kMaxReportBytes = std::uintmax_t{1} << 30;
+  const std::string text = scenarios::read_regular_file(path, kMaxReportBytes, "report");
+  // nlohmann keeps the last of two equal keys; a report with one twice is refused instead.
+  std::vector<std::set<std::string>> keys;
+  std::string twice;
+  const json::parser_callback_t unique_keys = [&](int, json::parse_event_t event, json& parsed) {
+    if (event == json::parse_event_t::object_start) keys.emplace_back();
+    if (event == json::parse_event_t::object_end && !keys.empty()) keys.pop_back();
+    if (event == json::parse_event_t::key && !keys.empty() && !keys.back().insert(parsed.get<std::string>()).second &&
+        twice.empty()) {
+      twice = parsed.get<std::string>();
+    }
+    return true;
+  };
   try {
-    return json::parse(text.str());
+    json parsed = json::parse(text, unique_keys);
+    if (!twice.empty()) {
+      throw scenarios::InvalidInput(fmt::format("'{}' has the key \"{}\" twice in one object", path, twice));
+    }
+    return parsed;
   } catch (const json::parse_error& error) {
     throw scenarios::InvalidInput(fmt::format("'{}' is not JSON: {}", path, error.what()));
   }
@@ -290,7 +341,10 @@ std::string reproduce_command(const std::vector<std::string>& arguments, const s
 std::string render_diff_markdown(const Diff& diff) {
   const int regressions = diff.count(Change::regression) + diff.count(Change::control_lost);
   std::string headline;
-  if (regressions > 0) {
+  if (diff.head_lost_every_row()) {
+    headline = fmt::format("**gradnorm: the head judged nothing (every one of the base's {} rows was removed)**",
+                           diff.base_rows);
+  } else if (regressions > 0) {
     headline = fmt::format("**gradnorm: {} regression{}**", regressions, regressions == 1 ? "" : "s");
   } else {
     headline = "**gradnorm: no regression**";

@@ -26,12 +26,15 @@ inline std::string ulps(std::int64_t value) {
 }
 
 // A Markdown table cell: no line breaks or pipes, backticks that would end a code span
-// turned into quotes, control characters shown as \xNN.
+// turned into quotes, control characters shown as \xNN, and '<' as &lt; so that no text
+// opens HTML (a reason holding "<!--" hid the rest of a pull-request comment on GitHub).
 inline std::string markdown_cell(const std::string& text) {
   std::string out;
   for (char c : text) {
     const auto u = static_cast<unsigned char>(c);
-    if (c == '|') {
+    if (c == '<') {
+      out += "&lt;";
+    } else if (c == '|') {
       out += "\\|";
     } else if (c == '`') {
       out += '\'';

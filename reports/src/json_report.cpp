@@ -1,6 +1,7 @@
 #include <nlohmann/json.hpp>
 
 #include <fcntl.h>
+#include <sys/stat.h>
 #include <unistd.h>
 
 #include <cerrno>
@@ -13,6 +14,7 @@
 
 #include "gradnorm/harness/transport.hpp"
 #include "gradnorm/reports/report.hpp"
+#include "gradnorm/scenarios/files.hpp"
 #include "gradnorm/oracles/tolerance.hpp"
 
 namespace gradnorm::reports {
@@ -133,10 +135,20 @@ void remove_partial_report() noexcept {
   if (g_partial[0] != '\0') ::unlink(g_partial);
 }
 
-void write_file_atomically(const std::string& path, const std::string& text) {
-  auto fail = [&path](const std::string& why) {
-    return scenarios::InvalidInput("cannot write report '" + path + "': " + why);
+void write_file_atomically(const std::string& given, const std::string& text) {
+  auto fail = [&given](const std::string& why) {
+    return scenarios::InvalidInput("cannot write '" + given + "': " + why);
   };
+  // Checked again at write time (the commands check before any work): what is not a regular
+  // file is never replaced, and a symbolic link to one is written through, not replaced.
+  if (auto why = scenarios::why_unwritable(given)) throw fail(*why);
+  std::string path = given;
+  struct stat link {};
+  if (::lstat(given.c_str(), &link) == 0 && S_ISLNK(link.st_mode)) {
+    std::error_code error;
+    const std::filesystem::path resolved = std::filesystem::canonical(given, error);
+    if (!error) path = resolved.string();
+  }
   const std::filesystem::path target(path);
   const std::string folder = target.has_parent_path() ? target.parent_path().string() : ".";
   auto write_all = [&](int fd) {

@@ -1,5 +1,7 @@
 #include "gradnorm/scenarios/scenario_file.hpp"
 
+#include "gradnorm/scenarios/files.hpp"
+
 #include <fmt/format.h>
 #include <fmt/ranges.h>
 #include <toml++/toml.h>
@@ -188,6 +190,12 @@ Scenario read_scenario(const toml::table& table, const std::string& where,
     for (const toml::node& rank : *ranks) {
       const toml::array* micro = rank.as_array();
       if (micro == nullptr) r.fail("valid_tokens", "must be an array of arrays, e.g. [[5], [3]]");
+      // An empty rank used to read as accumulation_steps = 0 and be blamed on that field.
+      if (micro->empty()) {
+        r.fail("valid_tokens", fmt::format("rank {} holds no micro-batch ([]): each rank needs one "
+                                           "count per micro-batch, e.g. [[5], [3]]",
+                                           s.valid_tokens.size()));
+      }
       std::vector<int> row;
       for (const toml::node& count : *micro) {
         const std::optional<std::int64_t> value = count.value_exact<std::int64_t>();
@@ -449,40 +457,9 @@ std::vector<Scenario> parse_scenarios(const std::string& text, const std::string
 }
 
 ScenarioFile load_scenario_file_contents(const std::string& path) {
-  // Asked before opening: opening a FIFO blocks until a writer comes, and /dev/zero never
-  // ends.
-  std::error_code error;
-  const std::filesystem::file_status status = std::filesystem::status(path, error);
-  if (error || !std::filesystem::exists(status)) {
-    throw InvalidInput(fmt::format("cannot read scenario file '{}': {}", path,
-                                   error ? error.message() : "no such file"));
-  }
-  if (!std::filesystem::is_regular_file(status)) {
-    throw InvalidInput(fmt::format("scenario file '{}' is not a regular file (a folder, FIFO, "
-                                   "socket or device); give a .toml file",
-                                   path));
-  }
-  const std::uintmax_t size = std::filesystem::file_size(path, error);
-  if (!error && size > kMaxScenarioFileBytes) {
-    throw InvalidInput(fmt::format("scenario file '{}' holds {} bytes, more than the {} a scenario "
-                                   "file may hold",
-                                   path, size, kMaxScenarioFileBytes));
-  }
-  std::ifstream file(path, std::ios::binary);
-  if (!file) throw InvalidInput(fmt::format("cannot read scenario file '{}'", path));
-  // Read at most one byte past the cap: a file that grew after the size was read is
-  // refused the same way.
-  std::string text;
-  char chunk[1 << 16];
-  while (text.size() <= kMaxScenarioFileBytes && file.read(chunk, sizeof chunk).gcount() > 0) {
-    text.append(chunk, static_cast<std::size_t>(file.gcount()));
-  }
-  if (file.bad()) throw InvalidInput(fmt::format("cannot read scenario file '{}'", path));
-  if (text.size() > kMaxScenarioFileBytes) {
-    throw InvalidInput(fmt::format("scenario file '{}' holds more than the {} bytes a scenario "
-                                   "file may hold",
-                                   path, kMaxScenarioFileBytes));
-  }
+  // Asked before opening (files.hpp): opening a FIFO blocks until a writer comes, and
+  // /dev/zero never ends.
+  const std::string text = read_regular_file(path, kMaxScenarioFileBytes, "scenario file");
   return parse_scenario_file(text, path);
 }
 

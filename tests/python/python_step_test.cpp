@@ -316,7 +316,7 @@ TEST(PythonStepLoading, AnImportErrorNamesTheFileAndLine) {
 }
 
 TEST(PythonStepLoading, AMissingFileOrFunctionIsNamed) {
-  EXPECT_TRUE(has(refusal_of(kSteps + "no_such_file.py"), "no such file"));
+  EXPECT_TRUE(has(refusal_of(kSteps + "no_such_file.py"), "does not exist"));
   const auto e = refusal_of(kSteps + "never_steps.py", "train");
   EXPECT_TRUE(has(e, "defines no function 'train'")) << e.what();
 }

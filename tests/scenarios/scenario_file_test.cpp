@@ -299,7 +299,7 @@ TEST(ScenarioFile, RefusesFilesAboveTheSizeCap) {
     return path;
   };
   EXPECT_TRUE(load_refuses(write("big.toml", kMaxScenarioFileBytes + 1),
-                           "more than the 67108864 a scenario file may hold"));
+                           "more than the 67108864 bytes a scenario file may hold"));
   EXPECT_EQ(load_scenario_file_contents(write("fits.toml", kMaxScenarioFileBytes)).scenarios.size(), 1u);
 }
 

@@ -1,5 +1,6 @@
 // The gradnorm CLI as a user runs it: exit codes (0 as expected, 1 unexpected verdicts,
 // 2 usage or input error), what it prints, and the JSON report it writes.
+#include "support/cli.hpp"
 #include "support/files.hpp"
 #include "support/scripted_model.hpp"
 #include <gtest/gtest.h>
@@ -28,42 +29,12 @@ using testing_support::contains;
 using testing_support::read_file;
 using testing_support::TemporaryDirectory;
 
-struct CliResult {
-  int exit_code = -1;  // -1 when the process did not exit normally
-  std::string output;  // stdout and stderr, interleaved
-};
-
-std::string shell_quote(const std::string& text) {
-  std::string quoted = "'";
-  for (char c : text) quoted += c == '\'' ? std::string("'\\''") : std::string(1, c);
-  return quoted + "'";
-}
-
-std::string command_line(const std::vector<std::string>& args) {
-  std::string line = shell_quote(GRADNORM_CLI);
-  for (const std::string& arg : args) line += " " + shell_quote(arg);
-  return line;
-}
-
-CliResult run_cli(const std::vector<std::string>& args) {
-  CliResult result;
-  FILE* pipe = popen((command_line(args) + " 2>&1").c_str(), "r");
-  if (pipe == nullptr) throw std::runtime_error("popen failed for " + command_line(args));
-  char buffer[4096];
-  for (std::size_t count = 0; (count = std::fread(buffer, 1, sizeof buffer, pipe)) > 0;) {
-    result.output.append(buffer, count);
-  }
-  const int status = pclose(pipe);
-  if (status != -1 && WIFEXITED(status)) result.exit_code = WEXITSTATUS(status);
-  return result;
-}
-
-// Prints the command and its output with every failed expectation about it.
-std::string explain(const std::vector<std::string>& args, const CliResult& result) {
-  return "$ " + command_line(args) + "\n(exit " + std::to_string(result.exit_code) + ")\n" +
-         result.output;
-}
-
+using testing_support::CliResult;
+using testing_support::command_line;
+using testing_support::run_shell;
+using testing_support::explain;
+using testing_support::run_cli;
+using testing_support::shell_quote;
 
 TEST(Cli, NoSubcommandIsAUsageError) {
   const std::vector<std::string> args;
@@ -488,7 +459,7 @@ TEST(PythonCli, AVariantTableWithoutItsFileIsAnInputErrorNamingIt) {
   const CliResult r = run_cli(args);
   EXPECT_EQ(r.exit_code, 2) << explain(args, r);
   EXPECT_TRUE(contains(r.output, "variant #1")) << explain(args, r);
-  EXPECT_TRUE(contains(r.output, "steps/gone.py': no such file")) << explain(args, r);
+  EXPECT_TRUE(contains(r.output, "steps/gone.py' does not exist")) << explain(args, r);
 }
 
 TEST(PythonCli, FuzzingAPythonStepFindsTheSkipsCounterExample) {
@@ -848,17 +819,7 @@ namespace {
 
 // run_cli with shell commands before gradnorm (resource limits, say).
 CliResult run_cli_after(const std::string& prelude, const std::vector<std::string>& args) {
-  CliResult result;
-  const std::string line = "bash -c " + shell_quote(prelude + "; exec " + command_line(args)) + " 2>&1";
-  FILE* pipe = popen(line.c_str(), "r");
-  if (pipe == nullptr) throw std::runtime_error("popen failed for " + line);
-  char buffer[4096];
-  for (std::size_t count = 0; (count = std::fread(buffer, 1, sizeof buffer, pipe)) > 0;) {
-    result.output.append(buffer, count);
-  }
-  const int status = pclose(pipe);
-  if (status != -1 && WIFEXITED(status)) result.exit_code = WEXITSTATUS(status);
-  return result;
+  return run_shell("bash -c " + shell_quote(prelude + "; exec " + command_line(args)) + " 2>&1");
 }
 
 std::string write_scenarios(const TemporaryDirectory& folder, const std::string& name,

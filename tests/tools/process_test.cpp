@@ -835,7 +835,7 @@ TEST(ProcessFaults, RankZeroFailingToWriteItsReportSaysWhy) {
   const EnvironmentChanges env = marked_environment();
   const ProcessResult r = run_cli(args, env);
   EXPECT_EQ(r.exit_code, 2) << describe(args, env, r);
-  EXPECT_TRUE(contains(r.err, "cannot write report")) << describe(args, env, r);
+  EXPECT_TRUE(contains(r.err, "cannot write '")) << describe(args, env, r);
   EXPECT_TRUE(no_process_carries(env.set.at(kMarkerKey)));
   EXPECT_TRUE(no_rendezvous_folder_left(folders_before));
 }

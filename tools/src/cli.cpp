@@ -1,17 +1,20 @@
 // gradnorm: runs named scenarios x registered steps against the float64 oracle. Exit codes:
 // 0 every row as expected, 1 some verdict was not what was expected, 2 usage or input
-// error, 3 a rank failed (threw outside the recipe, exited or hung).
+// error, 3 a rank failed (threw outside the recipe, exited or hung; the rank is named),
+// 70 an internal error (a gradnorm bug: EX_SOFTWARE of sysexits.h).
 #include "gradnorm/tools/cli.hpp"
 
 #include <CLI/CLI.hpp>
 #include <fnmatch.h>
 #include <unistd.h>
 #include <fmt/format.h>
+#include <fmt/ranges.h>
 #include <nlohmann/json.hpp>
 
 #include <c10/util/Exception.h>
 
 #include <algorithm>
+#include <unordered_set>
 #include <charconv>
 #include <limits>
 #include <chrono>
@@ -45,6 +48,7 @@
 #include "fuzz.hpp"
 #include "process_supervisor.hpp"
 #include "gradnorm/scenarios/catalogue.hpp"
+#include "gradnorm/scenarios/files.hpp"
 #include "gradnorm/scenarios/scenario_file.hpp"
 
 namespace {
@@ -54,6 +58,16 @@ using namespace gradnorm;
 constexpr int kExitAsExpected = 0;
 constexpr int kExitUnexpected = 1;
 constexpr int kExitUsage = 2;
+constexpr int kExitInternal = 70;
+
+// A file option's check (files.hpp): the message says what the path is (a folder, a FIFO, a
+// device, a symbolic link loop), where CLI::ExistingFile said "does not exist" of a loop.
+const CLI::Validator readable_file(
+    [](std::string& path) {
+      const std::optional<std::string> why = scenarios::why_unreadable(path);
+      return why ? "'" + path + "' " + *why : std::string();
+    },
+    "FILE");
 
 // This process's rank when it runs as one (--launcher env or slurm), for naming it when it fails.
 std::optional<int> g_process_rank;
@@ -112,9 +126,27 @@ bool files_have_scenarios(const std::vector<std::string>& files) {
 std::vector<scenarios::Scenario> pick_scenarios(const std::vector<std::string>& patterns,
                                                 const std::vector<std::string>& files) {
   const auto pool = scenario_pool(files, patterns.empty() && files_have_scenarios(files));
-  return pick(pool, patterns, [&pool](std::string_view pattern) {
+  std::vector<scenarios::Scenario> picked = pick(pool, patterns, [&pool](std::string_view pattern) {
     return scenarios::select_scenarios(pool, pattern);
   });
+  // A file whose scenarios -s selected none of ran none of them, silently: refused.
+  if (!patterns.empty() && !files.empty()) {
+    std::unordered_set<std::string> names;
+    for (const scenarios::Scenario& p : picked) names.insert(p.name);
+    for (const std::string& file : files) {
+      const std::vector<scenarios::Scenario> own = scenarios::load_scenario_file_contents(file).scenarios;
+      if (own.empty()) continue;
+      const bool any = std::any_of(own.begin(), own.end(),
+                                   [&names](const scenarios::Scenario& s) { return names.count(s.name) > 0; });
+      if (!any) {
+        throw scenarios::InvalidInput(fmt::format(
+            "{}: none of its {} scenario(s) ('{}'{}) matches -s {}: select them by name or pattern, "
+            "or leave out -f",
+            file, own.size(), own.front().name, own.size() > 1 ? ", ..." : "", fmt::join(patterns, " -s ")));
+      }
+    }
+  }
+  return picked;
 }
 
 const scenarios::Scenario& find_named(const std::vector<scenarios::Scenario>& pool,
@@ -298,14 +330,16 @@ std::vector<std::string> rank_arguments(int argc, char** argv) {
   return out;
 }
 
-std::vector<scenarios::Scenario> with_world_size(std::vector<scenarios::Scenario> list, int world) {
+// `source`: what set the world size, for the message (--nproc, or a launcher's variable).
+std::vector<scenarios::Scenario> with_world_size(std::vector<scenarios::Scenario> list, int world,
+                                                 const std::string& source = "--nproc") {
   std::erase_if(list, [world](const scenarios::Scenario& s) { return s.world_size != world; });
 
   if (list.empty()) {
     throw scenarios::InvalidInput(fmt::format(
         "no selected scenario has world_size {}: pick one with --scenario (e.g. dist/5-3/float32 "
-        "for 2 ranks) or change --nproc",
-        world));
+        "for 2 ranks) or change {}",
+        world, source));
   }
   return list;
 }
@@ -512,10 +546,18 @@ void check_before_running(const std::vector<scenarios::Scenario>& scenario_list,
       if (std::none_of(all.begin(), all.end(), [&](const harness::VariantSpec& v) {
             return fnmatch(e.variant_pattern.c_str(), v.name.c_str(), 0) == 0;
           })) {
+        // Named with its file: a [[scenario.expect]] table is found by file and scenario.
+        std::string where = "the catalogue";
+        for (const std::string& file : options.scenario_files) {
+          const auto own = scenarios::load_scenario_file_contents(file).scenarios;
+          if (std::any_of(own.begin(), own.end(), [&s](const scenarios::Scenario& o) { return o.name == s.name; })) {
+            where = file;
+          }
+        }
         throw scenarios::InvalidInput(fmt::format(
-            "scenario '{}': the documented finding for variant '{}' matches no variant (see "
+            "{}: scenario '{}': the documented finding for variant '{}' matches no variant (see "
             "gradnorm list --variants); a finding that can never apply cannot be checked",
-            s.name, e.variant_pattern));
+            where, s.name, e.variant_pattern));
       }
     }
   }
@@ -631,6 +673,13 @@ int run_command(const RunOptions& options, int argc, char** argv) {
     throw scenarios::InvalidInput(
         "--nproc W starts W rank processes; it cannot go with --launcher threads (drop one)");
   }
+  if (options.launcher == "threads" && options.backend != "gloo") {
+    // It was silently ignored: rank threads meet in the harness's own rooms, not over c10d.
+    throw scenarios::InvalidInput(fmt::format(
+        "--backend {} is the c10d backend of rank processes; ranks as threads use none: add "
+        "--nproc W (or --launcher env, slurm)",
+        options.backend));
+  }
   int workers = options.jobs > 0
                     ? options.jobs
                     : 2 * static_cast<int>(std::max(1u, std::thread::hardware_concurrency()));
@@ -670,7 +719,9 @@ int run_command(const RunOptions& options, int argc, char** argv) {
                                                ? harness::rendezvous_from_slurm()
                                                : harness::rendezvous_from_environment();
     g_process_rank = rendezvous.rank;
-    scenario_list = with_world_size(scenario_list, rendezvous.world_size);
+    scenario_list = with_world_size(scenario_list, rendezvous.world_size,
+                                    options.launcher == "slurm" ? "the job's task count (SLURM_NTASKS)"
+                                                                : "the launcher's WORLD_SIZE");
     check_before_running(scenario_list, run_options, options, &evaluate_options.workers);
     if (options.backend == "nccl") check_nccl_usable(rendezvous);
     harness::DeterminismGuard guard;
@@ -864,7 +915,7 @@ int run_command_line(int argc, char** argv) {
                   "scenario name or shell pattern (repeatable; default: the whole catalogue)");
   run->add_option("--scenario-file,-f", run_options.scenario_files,
                   "TOML file of [[scenario]] tables (repeatable); alone, runs only its scenarios")
-      ->check(CLI::ExistingFile);
+      ->check(readable_file);
   run->add_option("--variant,-v", run_options.variant_patterns,
                   "variant name or shell pattern (repeatable; default: every variant)");
   run->add_option("--json", run_options.json_path, "write one JSON record per row to PATH");
@@ -921,14 +972,14 @@ int run_command_line(int argc, char** argv) {
   std::vector<std::string> list_files;
   list->add_option("--scenario-file,-f", list_files,
                    "list this file's scenarios instead of the catalogue (repeatable)")
-      ->check(CLI::ExistingFile);
+      ->check(readable_file);
 
   std::string show_name;
   CLI::App* show = app.add_subcommand("show", "describe one scenario and its oracle");
   show->add_option("scenario", show_name, "scenario name")->required();
   std::vector<std::string> show_files;
   show->add_option("--scenario-file,-f", show_files, "TOML scenario file (repeatable)")
-      ->check(CLI::ExistingFile);
+      ->check(readable_file);
 
   std::string explain_name;
   std::vector<std::string> explain_variants;
@@ -937,7 +988,7 @@ int run_command_line(int argc, char** argv) {
   explain->add_option("scenario", explain_name, "scenario name")->required();
   std::vector<std::string> explain_files;
   explain->add_option("--scenario-file,-f", explain_files, "TOML scenario file (repeatable)")
-      ->check(CLI::ExistingFile);
+      ->check(readable_file);
   explain->add_option("--variant,-v", explain_variants,
                       "variant name or pattern (repeatable; default: baseline, skip, "
                       "world-size-only, global-prenorm)");
@@ -950,13 +1001,15 @@ int run_command_line(int argc, char** argv) {
   export_cmd->add_option("scenario", export_patterns, "scenario names or shell patterns")->required();
   export_cmd->add_option("--out", export_out, "the folder to write OUT/<scenario>.pt into")->required();
   export_cmd->add_option("--scenario-file,-f", export_files, "TOML scenario file (repeatable)")
-      ->check(CLI::ExistingFile);
+      ->check(readable_file);
 
   tools::StreamOptions stream_options;
   CLI::App* stream = app.add_subcommand(
       "stream", "write the reference stream of ragged steps (the speed workload) as a scenario file");
-  stream->add_option("--cases", stream_options.cases, "scenarios in the stream (default 300)")
-      ->check(CLI::Range(1, 10000000));
+  // At most about 400 bytes a case (8 ranks x 4 counts): 100,000 cases stay within the
+  // 64 MiB a scenario file may hold, so `run -f` reads every stream this writes.
+  stream->add_option("--cases", stream_options.cases, "scenarios in the stream (default 300, at most 100000)")
+      ->check(CLI::Range(1, 100000));
   stream->add_option("--seed", stream_options.seed, "the stream's seed (default 1)")
       ->check(seed_number);
   stream->add_option("--out", stream_options.out, "the TOML file to write (default: standard output)");
@@ -1010,7 +1063,7 @@ int run_command_line(int argc, char** argv) {
                     "time the per-case check of a stream file (`gradnorm stream`) written "
                     "straight against LibTorch on one thread, with no harness: the floor "
                     "under gradnorm's per-case cost")
-      ->check(CLI::ExistingFile);
+      ->check(readable_file);
   bool bench_growth = false;
   bench->add_flag("--growth", bench_growth,
                   "tabulate time and peak memory per case against world size, sequence length "
@@ -1041,6 +1094,12 @@ int run_command_line(int argc, char** argv) {
 
   // --nproc W alone means ranks as W Gloo processes: one flag from threads to processes.
   run->callback([&] {
+    // Made absolute before any user code runs: a step that changes the working folder
+    // (os.chdir) moves no report.
+    for (std::string* path : {&run_options.json_path, &run_options.markdown_path, &run_options.digests_path,
+                              &run_options.junit_path, &run_options.html_path}) {
+      *path = scenarios::absolute_path(*path);
+    }
     run_options.given_reports = {
         {"--json", run_options.json_path, run->count("--json") > 0},
         {"--markdown", run_options.markdown_path, run->count("--markdown") > 0},
@@ -1059,6 +1118,10 @@ int run_command_line(int argc, char** argv) {
     const int code = app.exit(error);
     return code == 0 ? kExitAsExpected : kExitUsage;
   }
+  for (std::string* path : {&stream_options.out, &export_out, &diff_options.markdown_path,
+                            &diff_options.junit_path, &diff_options.html_path}) {
+    *path = scenarios::absolute_path(*path);
+  }
   try {
     if (*run) return run_command(run_options, argc, argv);
     if (*list) return list_command(scenarios_only, variants_only, names_only, list_files);
@@ -1076,6 +1139,11 @@ int run_command_line(int argc, char** argv) {
       if (bench_growth) return tools::growth_bench_command(bench_options.repeat);
       if (!bench_floor.empty()) return tools::floor_bench_command(bench_floor);
       if (bench_python_step.source.empty() && bench_python_step.recipe.empty()) {
+        if (!bench_against.empty()) {  // it was silently ignored
+          throw scenarios::InvalidInput("bench --against " + bench_against +
+                                        ": times a Python step against a C++ variant; give --python-step "
+                                        "FILE.py (or --recipe)");
+        }
         return tools::bench_command(bench_options);
       }
       const auto start = std::chrono::steady_clock::now();
@@ -1133,15 +1201,29 @@ int run_command_line(int argc, char** argv) {
     return kExitUsage;
   } catch (const harness::RankExit&) {
     std::_Exit(4);  // an injected exit: vanish without a word, as a crashed rank would
+  } catch (const std::filesystem::filesystem_error& error) {
+    // A path the user gave that the checks before the work let through (a folder removed
+    // under a run): an input error naming it, never a rank failure.
+    fmt::print(stderr, "gradnorm: {}\n", error.what());
+    return kExitUsage;
   } catch (const std::exception& error) {
-    // A rank process that failed outside the recipe: leave the cause for the supervisor.
-    // Without a rank this is the one process of a thread run: no rank to name.
+    // A rank that failed outside the recipe: leave the cause for the supervisor. Exit 3
+    // means a rank failed, so it needs a rank: this process's own (a rank process of a run),
+    // or the one a communication error names.
     const std::string rank_text = g_process_rank ? std::to_string(*g_process_rank) : "";
-    const char* rank = g_process_rank ? rank_text.c_str() : std::getenv("RANK");
+    const char* rank = g_process_rank ? rank_text.c_str() : *run ? std::getenv("RANK") : nullptr;
+    const bool communication = dynamic_cast<const harness::CommunicationError*>(&error) != nullptr ||
+                               dynamic_cast<const harness::RankFailure*>(&error) != nullptr;
+    if (!communication && rank == nullptr) {
+      fmt::print(stderr,
+                 "gradnorm: internal error (a bug in gradnorm, not in your input or step; "
+                 "please report it with the command line): {}\n",
+                 harness::first_line(error.what()));
+      return kExitInternal;
+    }
     const std::string cause =
-        dynamic_cast<const harness::CommunicationError*>(&error) || rank == nullptr
-            ? harness::first_line(error.what())
-            : fmt::format("rank {} threw: {}", rank, harness::first_line(error.what()));
+        communication ? harness::first_line(error.what())
+                      : fmt::format("rank {} threw: {}", rank, harness::first_line(error.what()));
     tools::write_rank_status(rank ? std::atoi(rank) : -1, cause);
     fmt::print(stderr, "gradnorm: {}\n", cause);
     return tools::kExitRankFailed;

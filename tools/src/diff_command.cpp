@@ -63,9 +63,16 @@ int validate_report_command(const std::string& path) {
   valijson::ValidationResults results;
   valijson::adapters::NlohmannJsonAdapter target(document);
   if (validator.validate(schema, target, &results)) {
-    fmt::print("{}: a valid gradnorm report (schema version {})\n", path,
-               document.value("schema", nlohmann::json()).dump());
-    return 0;
+    // Checked, not only parsed: what the schema cannot say.
+    const std::vector<std::string> contradictions = reports::report_contradictions(document);
+    if (contradictions.empty()) {
+      fmt::print("{}: a valid gradnorm report (schema version {})\n", path,
+                 document.value("schema", nlohmann::json()).dump());
+      return 0;
+    }
+    for (const std::string& line : contradictions) fmt::print(stderr, "{}: {}\n", path, line);
+    fmt::print(stderr, "{}: not a valid gradnorm report: its records contradict it\n", path);
+    return 1;
   }
   valijson::ValidationResults::Error error;
   int shown = 0;

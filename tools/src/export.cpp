@@ -11,7 +11,10 @@
 
 #include <fmt/format.h>
 
+#include <sys/stat.h>
+
 #include <filesystem>
+#include <map>
 
 #include "gradnorm/harness/batch.hpp"
 #include "gradnorm/harness/determinism.hpp"
@@ -21,6 +24,7 @@
 #include "gradnorm/oracles/oracle.hpp"
 #include "gradnorm/oracles/tolerance.hpp"
 #include "gradnorm/reports/report.hpp"
+#include "gradnorm/scenarios/files.hpp"
 
 namespace gradnorm::tools {
 namespace {
@@ -118,24 +122,82 @@ Dict oracle_fields(const oracles::OracleResult& oracle) {
 }
 
 // "dist/5-3/float32" -> OUT/dist/5-3/float32.pt. A name that would leave OUT (an absolute
-// path, a ".." part) is refused: a scenario file must not write where it likes.
+// path, a ".." part), with an empty part ("q/", "a//b": a hidden ".pt", or two names for one
+// file) or a part longer than a file name may be, is refused: a scenario file must not write
+// where it likes, and one file is one scenario.
 std::filesystem::path file_for(const std::string& out, const std::string& scenario) {
-  const std::filesystem::path name(scenario + ".pt");
-  bool escapes = name.is_absolute() || name.has_root_name();
-  for (const auto& part : name) escapes = escapes || part == ".." || part == ".";
-  if (escapes || scenario.empty()) {
-    throw scenarios::InvalidInput(fmt::format(
-        "export: scenario name '{}' cannot be a file name under --out (absolute, or with a "
-        "'.' or '..' part)",
-        scenario));
+  const auto refuse = [&scenario](const std::string& why) {
+    return scenarios::InvalidInput(
+        fmt::format("export: scenario name '{}' cannot be a file name under --out: {}", scenario, why));
+  };
+  if (scenario.empty()) throw refuse("it is empty");
+  if (scenario.front() == '/') throw refuse("it is absolute");
+  std::size_t start = 0;
+  for (;;) {
+    const std::size_t slash = scenario.find('/', start);
+    const std::string part = scenario.substr(start, slash == std::string::npos ? std::string::npos : slash - start);
+    if (part.empty()) throw refuse("it has an empty part (a '/' at its end, or '//')");
+    if (part == "." || part == "..") throw refuse("it has a '.' or '..' part");
+    // NAME_MAX of the common Linux file systems, the last part with ".pt".
+    const std::size_t length = part.size() + (slash == std::string::npos ? 3 : 0);
+    if (length > 255) throw refuse(fmt::format("a part of {} bytes is longer than a file name may be", length));
+    if (slash == std::string::npos) break;
+    start = slash + 1;
   }
-  return std::filesystem::path(out) / name;
+  return std::filesystem::path(out) / (scenario + ".pt");
+}
+
+// Every target checked before the first scenario is computed: two scenarios are never one
+// file, a target is never also another's folder, and nothing on the way is a file where a
+// folder is needed; --out is a folder, or can become one.
+void check_targets(const std::string& out, const std::vector<scenarios::Scenario>& scenario_list,
+                   std::vector<std::filesystem::path>& targets) {
+  namespace fs = std::filesystem;
+  struct stat st {};
+  if (::stat(out.c_str(), &st) == 0 && !S_ISDIR(st.st_mode)) {
+    throw scenarios::InvalidInput(fmt::format("export: --out {} exists and is not a folder", out));
+  }
+  std::map<std::string, std::string> owner;  // target -> scenario
+  for (const scenarios::Scenario& s : scenario_list) {
+    const fs::path target = file_for(out, s.name);
+    const auto [at, fresh] = owner.emplace(target.string(), s.name);
+    if (!fresh) {
+      throw scenarios::InvalidInput(fmt::format("export: scenarios '{}' and '{}' would both be {}",
+                                                at->second, s.name, target.string()));
+    }
+    targets.push_back(target);
+  }
+  for (const fs::path& target : targets) {
+    // A target that is a folder of another target ("n/a" beside "n/a.pt/x").
+    for (fs::path folder = target.parent_path(); folder != fs::path(out) && !folder.empty();
+         folder = folder.parent_path()) {
+      if (auto clash = owner.find(folder.string()); clash != owner.end()) {
+        throw scenarios::InvalidInput(fmt::format(
+            "export: scenario '{}' would be the file {}, which scenario '{}' needs as a folder",
+            clash->second, folder.string(), owner.at(target.string())));
+      }
+    }
+    // The nearest folder on the way that exists takes the rest; what exists is a folder.
+    fs::path existing = target.parent_path();
+    while (!existing.empty() && ::stat(existing.c_str(), &st) != 0) existing = existing.parent_path();
+    if (existing.empty()) existing = ".";
+    if (!S_ISDIR(st.st_mode)) {
+      throw scenarios::InvalidInput(fmt::format("export: {} needs {} as a folder, but it is not one",
+                                                target.string(), existing.string()));
+    }
+    const fs::path probe = ::stat(target.c_str(), &st) == 0 ? target : existing / "x.pt";
+    if (auto why = scenarios::why_unwritable(probe.string())) {
+      throw scenarios::InvalidInput(fmt::format("export: {}: {}", target.string(), *why));
+    }
+  }
 }
 
 }  // namespace
 
 int export_command(const std::vector<scenarios::Scenario>& scenario_list, const std::string& out) {
   if (out.empty()) throw scenarios::InvalidInput("export: --out DIR is required");
+  std::vector<std::filesystem::path> targets;
+  check_targets(out, scenario_list, targets);
   harness::DeterminismGuard guard;
   // Everything is computed before anything is written: a bad scenario leaves no file.
   std::vector<std::pair<std::filesystem::path, std::vector<char>>> files;
@@ -165,7 +227,7 @@ int export_command(const std::vector<scenarios::Scenario>& scenario_list, const 
     tol.insert("reason", std::string(tolerance.reason));
     root.insert("tolerance", tol);
     root.insert("oracle", oracle_fields(oracle));
-    files.emplace_back(file_for(out, s.name), torch::jit::pickle_save(c10::IValue(root)));
+    files.emplace_back(targets[files.size()], torch::jit::pickle_save(c10::IValue(root)));
   }
   for (const auto& [path, bytes] : files) {
     std::filesystem::create_directories(path.parent_path());

@@ -8,6 +8,7 @@
 #include <filesystem>
 
 #include "gradnorm/reports/report.hpp"
+#include "gradnorm/scenarios/files.hpp"
 #include "gradnorm/scenarios/scenario.hpp"
 
 namespace gradnorm::tools {
@@ -41,24 +42,8 @@ void check_report_paths(const std::vector<ReportPath>& reports, const std::vecto
       if (r.given) throw scenarios::InvalidInput(fmt::format("{}: the path is empty", r.option));
       continue;
     }
-    struct stat st {};
-    if (::stat(r.path.c_str(), &st) == 0 && !S_ISREG(st.st_mode)) {
-      const char* kind = S_ISDIR(st.st_mode)    ? "a folder"
-                         : S_ISFIFO(st.st_mode) ? "a FIFO"
-                         : S_ISCHR(st.st_mode) || S_ISBLK(st.st_mode) ? "a device"
-                         : S_ISSOCK(st.st_mode) ? "a socket"
-                                                : "not a regular file";
-      throw scenarios::InvalidInput(fmt::format(
-          "{} {}: is {}; a report is written only to a regular file", r.option, r.path, kind));
-    }
-    const fs::path target(r.path);
-    const std::string folder = target.has_parent_path() ? target.parent_path().string() : ".";
-    struct stat fst {};
-    if (::stat(folder.c_str(), &fst) != 0 || !S_ISDIR(fst.st_mode)) {
-      throw scenarios::InvalidInput(fmt::format("{} {}: the folder {} does not exist", r.option, r.path, folder));
-    }
-    if (::access(folder.c_str(), W_OK) != 0) {
-      throw scenarios::InvalidInput(fmt::format("{} {}: the folder {} is not writable", r.option, r.path, folder));
+    if (auto why = scenarios::why_unwritable(r.path)) {
+      throw scenarios::InvalidInput(fmt::format("{} {}: {}", r.option, r.path, *why));
     }
     for (const std::string& input : inputs) {
       if (!input.empty() && same_file(r.path, input)) {

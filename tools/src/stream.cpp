@@ -12,6 +12,9 @@
 #include <sstream>
 
 #include "gradnorm/reports/report.hpp"
+#include "gradnorm/scenarios/files.hpp"
+#include "gradnorm/scenarios/scenario.hpp"
+#include "gradnorm/scenarios/scenario_file.hpp"
 
 namespace gradnorm::tools {
 
@@ -50,7 +53,18 @@ std::string stream_toml(int cases, std::uint64_t seed) {
 }
 
 int stream_command(const StreamOptions& options) {
+  // Checked before any work: a device, a FIFO or a folder is never replaced by the stream.
+  if (!options.out.empty()) {
+    if (auto why = scenarios::why_unwritable(options.out)) {
+      throw scenarios::InvalidInput(fmt::format("--out {}: {}", options.out, *why));
+    }
+  }
   const std::string text = stream_toml(options.cases, options.seed);
+  if (text.size() > scenarios::kMaxScenarioFileBytes) {  // the --cases bound keeps it within
+    throw scenarios::InvalidInput(fmt::format(
+        "stream: {} cases make {} bytes, more than the {} a scenario file may hold: ask for fewer",
+        options.cases, text.size(), scenarios::kMaxScenarioFileBytes));
+  }
   if (options.out.empty()) {
     fmt::print("{}", text);
   } else {

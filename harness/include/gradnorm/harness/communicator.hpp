@@ -25,6 +25,13 @@ class CommunicationError : public std::runtime_error {
   using std::runtime_error::runtime_error;
 };
 
+// A rank failed outside a collective (its thread could not start): the message names it.
+// Like CommunicationError, exit status 3.
+class RankFailure : public std::runtime_error {
+ public:
+  using std::runtime_error::runtime_error;
+};
+
 class Communicator {
  public:
   virtual ~Communicator() = default;

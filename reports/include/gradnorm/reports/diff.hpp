@@ -56,7 +56,11 @@ struct Diff {
   // files, a Python step), as head's report recorded them.
   std::vector<std::string> reproduce_arguments;
   [[nodiscard]] int count(Change change) const;
-  // A regression or a lost negative control: the diff's exit status is 1.
+  // The base had rows and the head has none: every row was removed (a run that judged
+  // nothing), which fails the diff as a regression does.
+  [[nodiscard]] bool head_lost_every_row() const { return base_rows > 0 && head_rows == 0; }
+  // A regression, a lost negative control, or a head that lost every row: the diff's exit
+  // status is 1.
   [[nodiscard]] bool has_regression() const;
 };
 
@@ -65,8 +69,14 @@ struct Diff {
 [[nodiscard]] Diff diff_reports(const nlohmann::json& base, const nlohmann::json& head,
                                 const DiffOptions& options = {});
 
-// Reads and parses a JSON report; InvalidInput naming the path when it cannot.
+// Reads and parses a JSON report; InvalidInput naming the path when it cannot: not a regular
+// file, more than 1 GiB, not JSON, or an object with the same key twice.
 [[nodiscard]] nlohmann::json read_json_report(const std::string& path);
+
+// What a report says that its own records contradict, one line each (empty: nothing): a
+// (scenario, variant) row twice; a summary count (rows, pass, fail, expected_error,
+// error_mismatch, unexpected) other than its records'. The schema cannot say these.
+[[nodiscard]] std::vector<std::string> report_contradictions(const nlohmann::json& report);
 
 // A pull-request comment: a one-line headline, a short table of what changed, the details
 // folded away, the command that reproduces each regression. Never longer than
