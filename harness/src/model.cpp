@@ -1,9 +1,12 @@
 #include "gradnorm/harness/model.hpp"
+#include "gradnorm/harness/runner.hpp"
 #include "recent_cache.hpp"
 #include "torchscript_model.hpp"
 
 #include <ATen/ATen.h>
 #include <ATen/CPUGeneratorImpl.h>
+#include <ATen/core/grad_mode.h>
+#include <torch/csrc/autograd/autograd.h>
 
 #include <cmath>
 #include <exception>
@@ -271,6 +274,87 @@ std::unique_ptr<Model> make_model(const scenarios::Scenario& scenario, ModelConf
     return loader(scenario);
   }
   return std::make_unique<ZooModel>(scenario, config);
+}
+
+std::string model_source(const scenarios::Scenario& s) {
+  if (s.model == scenarios::ModelKind::python) {
+    return fmt::format("python:{}:{}", s.model_file, s.model_function);
+  }
+  if (s.model == scenarios::ModelKind::torchscript) return "torchscript:" + s.model_file;
+  return std::string(scenarios::to_string(s.model));
+}
+
+void check_model_is_a_function(const scenarios::Scenario& s, const Model& model) {
+  if (!scenarios::model_from_file(s.model)) return;
+  auto refuse = [&](const std::string& why) {
+    return scenarios::InvalidInput(fmt::format(
+        "scenario '{}': model '{}' {}; the oracle replays the model in float64 and needs the "
+        "very function the step trains",
+        s.name, model_source(s), why));
+  };
+  // The first micro-batch the scenario gives (rank 0, step 0): real token ids, not zeros.
+  const std::vector<MicroBatch> window = make_rank_window(s, 0, 0);
+  if (window.empty()) return;
+  const MicroBatch& batch = window.front();
+  const std::unique_ptr<Model> twin = model.converted(at::kDouble);
+  auto state = [&] {
+    std::vector<std::pair<std::string, at::Tensor>> out;
+    for (auto& [name, value] : twin->buffers()) out.emplace_back(name, value.detach().clone());
+    return out;
+  };
+  auto torch_error = [&](const char* what, const c10::Error& error) {
+    return refuse(fmt::format("{}: {}", what, first_line(error.what_without_backtrace())));
+  };
+  const auto state_before = state();
+  at::Tensor first;
+  try {
+    first = twin->logits(batch);
+  } catch (const c10::Error& error) {
+    throw torch_error("raised in its float64 forward", error);
+  }
+  if (!first.is_floating_point()) return;  // the loading checks name a wrong output
+  if (!at::isfinite(first).all().item<bool>()) {
+    const long bad = (~at::isfinite(first)).sum().item<long>();
+    throw refuse(fmt::format("gives non-finite logits ({} of {} values) on the scenario's first "
+                             "micro-batch in float64: no step can be judged against a model "
+                             "that computes none",
+                             bad, first.numel()));
+  }
+  if (first.requires_grad()) {
+    try {
+      const std::vector<at::Tensor> trainable = twin->trainable_tensors();
+      (void)torch::autograd::grad({first.sum()}, trainable, {}, false, false, true);
+    } catch (const c10::Error& error) {
+      throw torch_error("cannot be differentiated in float64 (its forward changes in place a "
+                        "tensor its backward needs?)",
+                        error);
+    }
+  }
+  const auto state_after = state();
+  for (std::size_t i = 0; i < state_before.size() && i < state_after.size(); ++i) {
+    const at::Tensor& a = state_before[i].second;
+    const at::Tensor& b = state_after[i].second;
+    if (a.sizes() != b.sizes() || a.scalar_type() != b.scalar_type() || !at::equal(a, b)) {
+      throw refuse(fmt::format("changes its buffer '{}' in forward: each forward (the step's "
+                               "micro-batches, the oracle's replay) would meet another model; "
+                               "keep forward free of state (module.eval() stops BatchNorm's "
+                               "running statistics)",
+                               state_before[i].first));
+    }
+  }
+  at::Tensor second;
+  {
+    at::NoGradGuard no_grad;
+    second = twin->logits(batch);
+  }
+  if (!at::equal(first.detach(), second)) {
+    const double gap = (first.detach() - second).abs().max().item<double>();
+    throw refuse(fmt::format("is not a function of its token ids: two float64 forwards of the "
+                             "scenario's first micro-batch differ by up to {:.3g} (dropout in "
+                             "training mode, or a random draw in forward); call module.eval() "
+                             "in the builder or draw nothing in forward",
+                             gap));
+  }
 }
 
 }  // namespace gradnorm::harness

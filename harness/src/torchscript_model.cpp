@@ -28,6 +28,12 @@ class TorchScriptModel final : public Model {
     return module_.forward({batch.inputs}).toTensor();
   }
 
+  std::vector<std::pair<std::string, at::Tensor>> buffers() const override {
+    std::vector<std::pair<std::string, at::Tensor>> out;
+    for (const auto& b : module_.named_buffers(/*recurse=*/true)) out.emplace_back(b.name, b.value);
+    return out;
+  }
+
   std::unique_ptr<Model> converted(c10::ScalarType dtype) const override {
     torch::jit::Module copy = module_.deepcopy();
     at::NoGradGuard no_grad;

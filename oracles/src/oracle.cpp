@@ -10,6 +10,7 @@
 
 #include "gradnorm/harness/batch.hpp"
 #include "gradnorm/harness/loss.hpp"
+#include "gradnorm/harness/model.hpp"
 
 namespace gradnorm::oracles {
 namespace {
@@ -140,7 +141,15 @@ OracleResult run_oracle(const Scenario& s, const harness::ModelConfig& model_con
     const at::Tensor loss = token_losses.sum() / static_cast<double>(count);
 
     const std::vector<at::Tensor> trainable = model->trainable_tensors();
-    const auto grads = torch::autograd::grad({loss}, trainable, {}, false, false, true);
+    std::vector<at::Tensor> grads;
+    try {
+      grads = torch::autograd::grad({loss}, trainable, {}, false, false, true);
+    } catch (const c10::Error& error) {
+      if (!scenarios::model_from_file(model_config.base)) throw;
+      throw scenarios::InvalidInput(fmt::format(
+          "scenario '{}': model '{}' cannot be differentiated in float64 at step {}: {}",
+          s.name, harness::model_source(s), step, error.what_without_backtrace()));
+    }
 
     OracleStep out;
     out.loss = loss.item<double>();
@@ -149,6 +158,17 @@ OracleResult run_oracle(const Scenario& s, const harness::ModelConfig& model_con
       if (g.defined()) squares += g.pow(2).sum().item<double>();
     }
     out.total_norm = std::sqrt(squares);
+    if (scenarios::model_from_file(model_config.base) &&
+        (!std::isfinite(out.loss) || !std::isfinite(out.total_norm))) {
+      // With N > 0 the contract's loss is finite for a model that computes finite values:
+      // a non-finite one is the model's (step 0) or its trajectory's (later), not the step's.
+      throw scenarios::InvalidInput(fmt::format(
+          "scenario '{}': model '{}' gives a non-finite float64 loss ({}) or gradient norm ({}) "
+          "at step {} with N = {} valid tokens: {}, so no step can be judged against it",
+          s.name, harness::model_source(s), out.loss, out.total_norm, step, count,
+          step == 0 ? "the model computes no finite value on the scenario's batches"
+                    : "the oracle's own trajectory diverged (lower learning_rate or steps)"));
+    }
     if (s.clip_max_norm) out.clip_coef = std::min(1.0, *s.clip_max_norm / (out.total_norm + 1e-6));
     optimizer.begin_step();
     std::size_t index = 0;

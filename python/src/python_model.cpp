@@ -104,6 +104,17 @@ class PythonModel final : public harness::Model {
     return std::make_unique<PythonModel>(std::move(copy), origin_, name);
   }
 
+  std::vector<std::pair<std::string, at::Tensor>> buffers() const override {
+    py::gil_scoped_acquire gil;
+    std::vector<std::pair<std::string, at::Tensor>> out;
+    for (py::handle item : py::handle(module_).attr("named_buffers")()) {
+      const auto pair = item.cast<py::tuple>();
+      if (pair[1].is_none()) continue;
+      out.emplace_back(pair[0].cast<std::string>(), pair[1].cast<at::Tensor>());
+    }
+    return out;
+  }
+
   // The module itself: what a Python step's ctx.model is.
   [[nodiscard]] py::object module() const { return py::reinterpret_borrow<py::object>(module_); }
 

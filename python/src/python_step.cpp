@@ -23,10 +23,13 @@
 #include <chrono>
 #include <condition_variable>
 #include <exception>
+#include <functional>
 #include <filesystem>
 #include <map>
 #include <mutex>
 #include <thread>
+
+#include <unistd.h>
 
 #include <torch/csrc/distributed/c10d/Backend.hpp>
 #include <torch/csrc/distributed/c10d/Store.hpp>
@@ -105,6 +108,14 @@ class RankHandle {
     context_ = nullptr;
   }
   harness::StepContext& context() const {
+    if (getpid() != harness_pid_) {
+      // The rank's state (its communicator's sockets, its peers' rooms) belongs to the
+      // harness's process; a forked child that used it would corrupt or deadlock the parent.
+      throw std::runtime_error(
+          "ctx, ctx.model and ctx.optimizer belong to the harness's process: this use comes "
+          "from a process the step forked (a DataLoader worker, os.fork()), which may compute "
+          "but not call the harness");
+    }
     if (context_ == nullptr || owner_.load() != std::this_thread::get_id()) {
       throw std::runtime_error(
           "ctx, ctx.model and ctx.optimizer belong to one call of the step, on its own thread: "
@@ -209,6 +220,7 @@ class RankHandle {
 
  private:
   harness::StepContext* context_;
+  pid_t harness_pid_ = getpid();
   std::atomic<std::thread::id> owner_{};
   std::mutex pending_mutex_;
   std::exception_ptr pending_;
@@ -273,15 +285,22 @@ struct LoadedStep {
 
 std::atomic<long> step_timeout_ms{60'000};
 
-// Ends a Python step that does not return in time: after the timeout it raises
-// HarnessInterrupt inside the step's thread (the interpreter checks for it between
-// bytecodes) and leaves the hang as the harness's error. A step blocked inside one C call
-// (time.sleep, a lock) notices only when that call returns; rank processes are ended by the
-// supervisor in any case. Built and destroyed with the GIL held.
+// Bounds a call into user code (a step, its module's import, its cannot_run) by --timeout:
+// when the time is up it runs `on_expiry` (without the GIL) and raises HarnessInterrupt in
+// the calling thread (the interpreter checks for it between bytecodes), again every 100 ms:
+// code may catch BaseException once, not forever. Code blocked inside one C call (time.sleep,
+// a lock) notices only when that call returns; code that still runs another timeout later
+// cannot be stopped from outside its thread, so the process ends as a supervisor would end
+// it, printing `give_up` and exiting with `give_up_status`. Built and destroyed with the GIL
+// held.
 class Watchdog {
  public:
-  Watchdog(RankHandle& handle, int rank)
-      : handle_(handle), python_thread_(PyThread_get_thread_ident()), rank_(rank) {
+  Watchdog(std::function<void(std::chrono::milliseconds)> on_expiry,
+           std::function<std::string(std::chrono::milliseconds)> give_up, int give_up_status)
+      : on_expiry_(std::move(on_expiry)),
+        give_up_(std::move(give_up)),
+        give_up_status_(give_up_status),
+        python_thread_(PyThread_get_thread_ident()) {
     thread_ = std::thread([this] { watch(); });
   }
   ~Watchdog() {
@@ -294,32 +313,28 @@ class Watchdog {
       done_cv_.notify_all();
       thread_.join();
     }
-    // An interrupt that arrived as the step returned must not fire in later Python code.
+    // An interrupt that arrived as the call returned must not fire in later Python code.
     PyThreadState_SetAsyncExc(python_thread_, nullptr);
   }
   Watchdog(const Watchdog&) = delete;
   Watchdog& operator=(const Watchdog&) = delete;
+
+  // Whether the time ran out (read after the call returned or raised).
+  [[nodiscard]] bool expired() const { return expired_.load(); }
 
  private:
   void watch() {
     const auto timeout = std::chrono::milliseconds(step_timeout_ms.load());
     std::unique_lock lock(mutex_);
     if (done_cv_.wait_for(lock, timeout, [this] { return done_; })) return;
-    handle_.set_pending(std::make_exception_ptr(std::runtime_error(fmt::format(
-        "hung: its Python step did not return within {} ms (hang)", timeout.count()))));
-    // Raised again every 100 ms: a step may catch BaseException once, not forever. One that
-    // still runs after another timeout cannot be stopped from outside its thread: the
-    // process ends as a supervisor would end it (exit 3, the rank named).
+    expired_ = true;
+    on_expiry_(timeout);
     const auto give_up = std::chrono::steady_clock::now() + timeout;
     while (!done_) {
       if (std::chrono::steady_clock::now() > give_up) {
-        std::fprintf(stderr,
-                     "gradnorm: run aborted: rank %d hung: its Python step ignored the harness's "
-                     "interrupt for %lld ms after its %lld ms timeout (hang)\n",
-                     rank_, static_cast<long long>(timeout.count()),
-                     static_cast<long long>(timeout.count()));
+        std::fprintf(stderr, "gradnorm: %s\n", give_up_(timeout).c_str());
         std::fflush(stderr);
-        std::_Exit(3);
+        std::_Exit(give_up_status_);
       }
       lock.unlock();
       {
@@ -335,14 +350,46 @@ class Watchdog {
     }
   }
 
-  RankHandle& handle_;
+  std::function<void(std::chrono::milliseconds)> on_expiry_;
+  std::function<std::string(std::chrono::milliseconds)> give_up_;
+  int give_up_status_;
   unsigned long python_thread_;
-  int rank_;
+  std::atomic<bool> expired_{false};
   std::mutex mutex_;
   std::condition_variable done_cv_;
   bool done_ = false;
   std::thread thread_;
 };
+
+// A step that does not return in time: its rank's error ("hung"), and past another timeout
+// exit 3 with the rank named.
+std::unique_ptr<Watchdog> step_watchdog(RankHandle& handle, int rank) {
+  return std::make_unique<Watchdog>(
+      [&handle](std::chrono::milliseconds timeout) {
+        handle.set_pending(std::make_exception_ptr(std::runtime_error(fmt::format(
+            "hung: its Python step did not return within {} ms (hang)", timeout.count()))));
+      },
+      [rank](std::chrono::milliseconds timeout) {
+        return fmt::format("run aborted: rank {} hung: its Python step ignored the harness's "
+                           "interrupt for {} ms after its {} ms timeout (hang)",
+                           rank, timeout.count(), timeout.count());
+      },
+      3);
+}
+
+// The step's module importing, or its cannot_run answering, before any rank runs: past the
+// timeout an input error naming the file (`what`: "did not load", ...), and past another
+// exit 2 with the same words.
+std::unique_ptr<Watchdog> loading_watchdog(const std::string& file, const std::string& what) {
+  return std::make_unique<Watchdog>(
+      [](std::chrono::milliseconds) {},
+      [file, what](std::chrono::milliseconds timeout) {
+        return fmt::format("Python step '{}' {} within {} ms (--timeout) and ignored the "
+                           "harness's interrupt for {} ms more: stopped before any rank ran",
+                           file, what, timeout.count(), timeout.count());
+      },
+      2);
+}
 
 // The harness is inside a call of the step for this object's life.
 class Call {
@@ -394,7 +441,7 @@ class PythonStep final : public harness::Step {
         py::object result;
         {
           Call call(*handle_);
-          Watchdog watchdog(*handle_, context.rank());
+          const auto watchdog = step_watchdog(*handle_, context.rank());
           result = Interpreter::get().runtime().attr("run_step")(py::handle(loaded_.function),
                                                                  py::handle(rank_));
         }
@@ -435,7 +482,20 @@ const LoadedStep& load(const StepSource& source) {
   auto* step = new LoadedStep{source.file};
   try {
     const std::string module_name = detail::module_name_for("step", source.file);
-    py::object function = runtime.attr("load_step")(source.file, source.function, module_name);
+    py::object function;
+    {
+      const auto watchdog = loading_watchdog(source.file, "did not load");
+      try {
+        function = runtime.attr("load_step")(source.file, source.function, module_name);
+      } catch (py::error_already_set&) {
+        if (watchdog->expired()) {
+          throw InvalidInput(fmt::format("Python step '{}' did not load within {} ms (--timeout): "
+                                         "its import hangs or takes longer",
+                                         source.file, step_timeout_ms.load()));
+        }
+        throw;
+      }
+    }
     // The file's own module: a step imported from another file keeps that file's
     // __module__, whose cannot_run speaks for the other step, not this one.
     py::object module = py::module_::import("sys").attr("modules")[py::str(module_name)];
@@ -447,6 +507,9 @@ const LoadedStep& load(const StepSource& source) {
     delete step;
     const auto [type, message] = describe(error, source.file);
     throw InvalidInput(fmt::format("Python step '{}' does not load: {}: {}", source.file, type, message));
+  } catch (...) {
+    delete step;
+    throw;
   }
   loaded.emplace(key, step);
   return *step;
@@ -457,8 +520,19 @@ const LoadedStep& load(const StepSource& source) {
 std::optional<std::string> ask_cannot_run(const LoadedStep& step, const scenarios::Scenario& s) {
   if (step.cannot_run == nullptr) return std::nullopt;
   py::gil_scoped_acquire gil;
+  const auto watchdog = loading_watchdog(step.file, "cannot_run did not answer on scenario '" + s.name + "'");
   try {
-    const py::object why = py::handle(step.cannot_run)(scenario_facts(s));
+    py::object why;
+    try {
+      why = py::handle(step.cannot_run)(scenario_facts(s));
+    } catch (py::error_already_set&) {
+      if (watchdog->expired()) {
+        throw InvalidInput(fmt::format("Python step '{}': cannot_run did not answer on scenario "
+                                       "'{}' within {} ms (--timeout)",
+                                       step.file, s.name, step_timeout_ms.load()));
+      }
+      throw;
+    }
     if (why.is_none()) return std::nullopt;
     if (py::isinstance<py::str>(why)) {
       return Interpreter::get().runtime().attr("safe_text")(why).cast<std::string>();

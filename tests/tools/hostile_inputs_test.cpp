@@ -206,6 +206,152 @@ TEST(HostileUserCode, AStepThatChangesTheWorkingFolderMovesNoReport) {
   EXPECT_FALSE(fs::exists(elsewhere.path() / "rel.json"));
 }
 
+std::string write_file(const fs::path& path, const std::string& text) {
+  std::ofstream(path) << text;
+  return path.string();
+}
+
+// The example baseline step, run from another file (runpy: no import of the example module).
+std::string baseline_prelude() {
+  return "import os, runpy, signal, time\n"
+         "import numpy as np\n"
+         "import torch\n"
+         "_baseline = runpy.run_path(" +
+         shell_quote(GRADNORM_SOURCE_DIR "/examples/python/full_finetune.py") + ")\n";
+}
+
+// A step module whose import or cannot_run never returned hung the run: --timeout did not
+// apply before the ranks started. Both are input errors naming the file, exit 2.
+TEST(HostileUserCode, AStepThatHangsInItsImportOrCannotRunIsStoppedByTimeout) {
+  TemporaryDirectory folder("gradnorm-hostile");
+  const std::string importing = write_file(folder.path() / "importing.py",
+                                           "import time\nwhile True:\n    time.sleep(0.01)\n"
+                                           "def step(ctx):\n    pass\n");
+  expect_refused({"run", "--python-step", importing, "-s", "single/n3/float32", "--timeout", "1"},
+                 "did not load within 1000 ms");
+  const std::string asking = write_file(folder.path() / "asking.py",
+                                        "def cannot_run(scenario):\n    while True:\n        pass\n"
+                                        "def step(ctx):\n    pass\n");
+  expect_refused({"run", "--python-step", asking, "-s", "single/n3/float32", "--timeout", "1"},
+                 "cannot_run did not answer on scenario 'single/n3/float32' within 1000 ms");
+}
+
+// A step that forked (a DataLoader with workers) aborted the workers with std::system_error;
+// an os.fork() child returned into the harness and stayed, deadlocked, after the run. Now a
+// forked child computes freely, is refused the harness (its ctx), and ends when the step's
+// call does; the parent's run is judged as usual. A NumPy scalar is a loss to log.
+TEST(HostileUserCode, AStepThatForksKeepsItsVerdictAndLeavesNoProcessBehind) {
+  TemporaryDirectory folder("gradnorm-hostile");
+  const fs::path said = folder.path() / "child.txt";
+  const std::string step = write_file(
+      folder.path() / "forks.py",
+      baseline_prelude() +
+          "def step(ctx):\n"
+          "    data = torch.utils.data.DataLoader(list(range(8)), num_workers=2)\n"
+          "    assert sorted(int(x) for x in data) == list(range(8))\n"
+          "    pid = os.fork()\n"
+          "    if pid == 0:\n"
+          "        try:\n"
+          "            ctx.optimizer.step()\n"
+          "            open(" + shell_quote(said.string()) + ", 'w').write('reached the harness')\n"
+          "        except RuntimeError as error:\n"
+          "            open(" + shell_quote(said.string()) + ", 'w').write(str(error))\n"
+          "        return None\n"
+          "    os.waitpid(pid, 0)\n"
+          "    out = _baseline['step'](ctx)\n"
+          "    out['loss_to_log'] = np.float64(out['loss_to_log'])\n"
+          "    return out\n");
+  const std::vector<std::string> args = {"run", "--python-step", step, "--findings-of", "baseline",
+                                         "-s", "single/n3/float32"};
+  const testing_support::CliResult r = run_cli(args);
+  EXPECT_EQ(r.exit_code, 0) << explain(args, r);
+  EXPECT_TRUE(contains(r.output, "1 rows: 1 pass")) << explain(args, r);
+  EXPECT_TRUE(contains(read_file(said), "belong to the harness's process")) << read_file(said);
+  // No process of this step outlives the run (the child's own pid is gone once waited).
+  const testing_support::CliResult left = testing_support::run_shell(
+      "pgrep -f " + shell_quote(std::string("^") + GRADNORM_CLI + " run --python-step " + step) + " | wc -l");
+  EXPECT_EQ(left.output, "0\n");
+}
+
+// signal.alarm in a step killed the run with no message (SIGALRM's default action).
+TEST(HostileUserCode, ATimerSignalInAStepIsRefusedNamingTimeout) {
+  TemporaryDirectory folder("gradnorm-hostile");
+  const std::string step = write_file(folder.path() / "alarm.py",
+                                      "import signal\ndef step(ctx):\n    signal.alarm(1)\n");
+  const std::vector<std::string> args = {"run", "--python-step", step, "-s", "single/n3/float32"};
+  const testing_support::CliResult r = run_cli(args);
+  EXPECT_EQ(r.exit_code, 1) << explain(args, r);  // a verdict: the step raised where it must not
+  EXPECT_TRUE(contains(r.output, "signal.alarm inside a gradnorm step")) << explain(args, r);
+  EXPECT_TRUE(contains(r.output, "--timeout bounds a step's time")) << explain(args, r);
+}
+
+// A model whose forward draws (dropout in training mode), changes its own buffers, cannot be
+// differentiated (an in-place update of a tensor its backward needs) or computes NaN: the
+// reference failed with nothing pointing at the model, or the oracle raised a raw autograd
+// message (exit 3), or the step was blamed ("non-finite gradients, got nan, want nan"). Each
+// is an input error naming the scenario and the model file, before any row runs; the same
+// model without the fault runs (the control).
+TEST(HostileUserCode, AModelThatIsNotAFunctionOfItsTokensIsRefusedNamingIt) {
+  TemporaryDirectory folder("gradnorm-hostile");
+  const std::string models = write_file(
+      folder.path() / "models.py",
+      "import torch\n"
+      "class Lm(torch.nn.Module):\n"
+      "    def __init__(self, vocab_size, hidden_size, fault):\n"
+      "        super().__init__()\n"
+      "        self.fault = fault\n"
+      "        self.embedding = torch.nn.Embedding(vocab_size, hidden_size)\n"
+      "        self.head = torch.nn.Linear(hidden_size, vocab_size)\n"
+      "        self.register_buffer('scale', torch.ones(1))\n"
+      "        self.register_buffer('calls', torch.zeros(1))\n"
+      "    def forward(self, tokens):\n"
+      "        x = self.embedding(tokens)\n"
+      "        if self.fault == 'dropout':\n"
+      "            x = torch.nn.functional.dropout(x, 0.5, training=True)\n"
+      "        if self.fault == 'nan':\n"
+      "            x = x * float('nan')\n"
+      "        y = x * self.scale\n"
+      "        if self.fault == 'inplace':\n"
+      "            self.scale.mul_(1.0)\n"
+      "        if self.fault == 'counter':\n"
+      "            with torch.no_grad():\n"
+      "                self.calls.add_(1.0)\n"
+      "        return self.head(torch.cumsum(y, 1))\n"
+      "def build(fault):\n"
+      "    return lambda vocab_size, hidden_size, sequence_length: Lm(vocab_size, hidden_size, fault)\n"
+      "clean, dropout, nan, inplace, counter = (build(f) for f in "
+      "('clean', 'dropout', 'nan', 'inplace', 'counter'))\n");
+  auto scenario = [&](const std::string& fault) {
+    return write_file(folder.path() / (fault + ".toml"),
+                      "[[scenario]]\nname = \"m/" + fault + "\"\nvalid_tokens = [[5]]\n"
+                      "model = \"python:" + models + ":" + fault + "\"\n");
+  };
+  auto run = [&](const std::string& fault) {
+    return std::vector<std::string>{"run", "-f", scenario(fault), "-v", "baseline"};
+  };
+  auto names = [&](const std::string& fault) {
+    std::string out = "scenario 'm/" + fault + "': model 'python:" + models + ":" + fault + "'";
+    return out;
+  };
+  expect_refused(run("dropout"), names("dropout") + " is not a function of its token ids");
+  expect_refused(run("nan"), names("nan") + " gives non-finite logits");
+  expect_refused(run("inplace"), names("inplace") + " cannot be differentiated in float64");
+  expect_refused(run("counter"), names("counter") + " changes its buffer 'calls' in forward");
+  const testing_support::CliResult r = run_cli(run("clean"));
+  EXPECT_EQ(r.exit_code, 0) << explain(run("clean"), r);
+  EXPECT_TRUE(contains(r.output, "1 rows: 1 pass")) << explain(run("clean"), r);
+}
+
+// explain on a valid model-from-file scenario that run accepts exited 2 with an internal
+// contradiction (the token probe kept the scenario's model file): it explains.
+TEST(HostileUserCode, ExplainRunsOnAScenarioWithAModelFromAFile) {
+  const std::vector<std::string> args = {"explain", "pymodel/5-3", "-f",
+                                         GRADNORM_SOURCE_DIR "/examples/python/models.toml"};
+  const testing_support::CliResult r = run_cli(args);
+  EXPECT_EQ(r.exit_code, 0) << explain(args, r);
+  EXPECT_TRUE(contains(r.output, "orthogonal per-token gradients")) << explain(args, r);
+}
+
 // The smaller ones: each was silently ignored, blamed the wrong field or file, or accepted
 // what cannot be right.
 TEST(HostileOptions, WhatWasSilentlyIgnoredOrMisnamedIsRefusedByName) {

@@ -565,7 +565,9 @@ void check_before_running(const std::vector<scenarios::Scenario>& scenario_list,
   // row runs: a bad file is an input error, and a Python model's random draws are made
   // here, one build at a time, never beside a running step (python/src/python_model.cpp).
   for (const scenarios::Scenario& s : scenario_list) {
-    if (scenarios::model_from_file(s.model)) (void)harness::make_model(s, harness::ModelConfig{s.model});
+    if (scenarios::model_from_file(s.model)) {
+      harness::check_model_is_a_function(s, *harness::make_model(s, harness::ModelConfig{s.model}));
+    }
   }
   // Memory: ranks as threads hold every rank in this process; a rank process holds one, and
   // the supervisor's W processes share this machine.
@@ -662,12 +664,13 @@ int run_command(const RunOptions& options, int argc, char** argv) {
   // Before anything runs: a report path that cannot or must not be written is an input error.
   tools::check_report_paths(options.given_reports, run_inputs(options, scenario_list));
   tools::remove_partial_reports_on_signals();
+  harness::RunOptions run_options;
+  run_options.timeout = timeout_of(options);
+  // Before the steps load: their import and cannot_run run under --timeout too.
+  python::set_step_timeout(run_options.timeout);
   const std::vector<std::string> declared =
       declare_steps(options.python_step, options.scenario_files);
   const auto variant_list = pick_run_variants(options.variant_patterns, declared);
-  harness::RunOptions run_options;
-  run_options.timeout = timeout_of(options);
-  python::set_step_timeout(run_options.timeout);
   if (!options.fault.empty()) run_options.fault = harness::parse_fault(options.fault);
   if (options.launcher == "threads" && options.processes_given) {
     throw scenarios::InvalidInput(
@@ -945,7 +948,8 @@ int run_command_line(int argc, char** argv) {
                   "selected scenarios with that world size")
       ->check(CLI::Range(1, 1024));
   run->add_option("--timeout", run_options.timeout_seconds,
-                  "seconds a rank may wait for its peers in one collective (default 60)")
+                  "seconds a rank may wait for its peers in one collective, and a Python step may "
+                  "run (its import, its cannot_run, each call of the step) (default 60)")
       ->check(finite_number)
       ->check(CLI::Range(0.01, 86400.0));
   run->add_option("--inject-fault", run_options.fault,

@@ -9,6 +9,7 @@
 #include <functional>
 #include <memory>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "gradnorm/harness/batch.hpp"
@@ -58,6 +59,10 @@ class Model {
 
   // A detached copy with every parameter converted to `dtype` (the oracle's float64 twin).
   [[nodiscard]] virtual std::unique_ptr<Model> converted(c10::ScalarType dtype) const = 0;
+
+  // The model's own state besides its parameters (a module's buffers), by name; the
+  // built-in models keep none.
+  [[nodiscard]] virtual std::vector<std::pair<std::string, at::Tensor>> buffers() const { return {}; }
 };
 
 // The scenario's model with the recipe's changes (`config`): one of the built-in models,
@@ -67,6 +72,17 @@ class Model {
 // Throws scenarios::InvalidInput naming the file for a model it cannot train.
 [[nodiscard]] std::unique_ptr<Model> make_model(const scenarios::Scenario& scenario,
                                                 ModelConfig config);
+
+// What the oracle assumes of a model from a file, checked on the float64 twin of `model`
+// with the scenario's first micro-batch: its forward is a function of the token ids (two
+// forwards give the same logits bit for bit: no dropout in training mode, no random draw),
+// it changes none of its own buffers, its logits are finite, and it can be differentiated
+// (no in-place update of a tensor its backward needs). Throws scenarios::InvalidInput naming
+// the scenario and the model's file otherwise. Built-in models pass by construction.
+void check_model_is_a_function(const scenarios::Scenario& scenario, const Model& model);
+
+// "torchscript:FILE" or "python:FILE:FUNCTION": how messages name a scenario's model.
+[[nodiscard]] std::string model_source(const scenarios::Scenario& scenario);
 
 // Builds a model = "python:FILE.py:FUNCTION" scenario's model. The harness has no Python of
 // its own: gradnorm::python sets this (python::install_python_models); until then such a
