@@ -19,6 +19,46 @@ bool agreed(const EvaluationRow& row) {
 bool Judgement::agrees() const { return agreed(row); }
 bool Judgement::reference_agrees() const { return reference_row ? agreed(*reference_row) : agrees(); }
 
+namespace {
+
+bool failed(const EvaluationRow& row, std::string_view check) {
+  const auto& checks = row.verdict.failed_checks;
+  return std::find(checks.begin(), checks.end(), check) != checks.end();
+}
+
+bool measurable(const EvaluationRow& step, std::string_view check) {
+  if (check == "error-behaviour") return true;
+  if (check == "ranks-agree") return step.world_size > 1;
+  // The numbers: compared with the oracle only where a gradient exists and the step ran to
+  // its end without raising (verdict.cpp returns before judge_numbers otherwise).
+  const bool numbers = step.global_token_count > 0 && !step.fault && !step.observation.error;
+  if (check == "grad-norm") return numbers && step.scenario.clip_max_norm.has_value();
+  return numbers;
+}
+
+}  // namespace
+
+std::vector<std::string> Judgement::judged_checks() const {
+  std::vector<std::string> out;
+  if (reference_row && (reference_row->fault || failed(*reference_row, "run"))) return out;
+  for (std::string_view check : scenarios::kCheckNames) {
+    if (reference_row && failed(*reference_row, check)) continue;
+    if (measurable(row, check)) out.emplace_back(check);
+  }
+  return out;
+}
+
+std::vector<std::string> Judgement::disagreements() const {
+  const std::vector<std::string> judged = judged_checks();
+  if (reference_row && (reference_row->fault || failed(*reference_row, "run"))) return {};
+  std::vector<std::string> out;
+  if (row.fault || failed(row, "run")) out.emplace_back("run");
+  for (const std::string& check : judged) {
+    if (failed(row, check)) out.push_back(check);
+  }
+  return out;
+}
+
 Judgement judge_step(const std::string& variant, const scenarios::Scenario& scenario) {
   const harness::VariantSpec& spec = harness::find_variant(variant);
   if (auto why = harness::not_applicable(spec, scenario)) {

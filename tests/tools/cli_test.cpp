@@ -140,6 +140,12 @@ TEST(Cli, FuzzingACandidateShrinksToItsSmallestFinding) {
   EXPECT_TRUE(contains(r.output, "verdict error-mismatch")) << explain(args, r);
   EXPECT_TRUE(contains(r.output, "global-prenorm agrees where its reference does, on ragged ranks\nOK"))
       << explain(args, r);
+  // Each property says how many cases held the step to each check (no clipping is drawn on
+  // ragged ranks), and where it stopped counting.
+  EXPECT_TRUE(contains(r.output, "checks judged: on 15 cases: steps 15, gradients 15, parameter-update 15, "
+                                 "logged-loss 15, grad-norm 0, ranks-agree 15, error-behaviour 15"))
+      << explain(args, r);
+  EXPECT_TRUE(contains(r.output, "checks judged: on the 2 cases up to the counter-example: ")) << explain(args, r);
   // With empty ranks drawn too, the same finding on ranks: every rank empty, N = 0.
   EXPECT_TRUE(contains(r.output, "W=2 A=1 counts=[[0], [0]] B=1 T=2")) << explain(args, r);
 }

@@ -31,6 +31,19 @@ int fuzz_command(const FuzzOptions& options) {
   };
   using scenarios::GeneratorOptions;
   bool held = true;
+  // A step held to the oracle where its reference agrees, check by check; the counts say
+  // how many cases judged each check.
+  auto check_step = [&](const std::string& label, const std::string& name, auto generate) {
+    p::CheckTally tally;
+    held &= rc::check(label, [&ran, &tally, name, generate] {
+      const scenarios::Scenario s = generate();
+      RC_PRE(!harness::not_applicable(harness::find_variant(name), s));
+      ++ran;
+      p::agrees_where_reference_does(name, s, &tally);
+    });
+    fmt::print("  checks judged: {}\n", p::describe(tally));
+    std::fflush(stdout);
+  };
   if (options.recipe_model) {
     // A recipe builds a torchtune decoder from a Python file and trains it in fp32 or bf16
     // with torchtune's own losses: generated windows, masks, optimizers, clipping, steps and
@@ -48,13 +61,8 @@ int fuzz_command(const FuzzOptions& options) {
     for (const std::string& pattern : options.variants) {
       for (const harness::VariantSpec& v : harness::select_variants(pattern)) {
         const std::string name = v.name;
-        held &= rc::check(name + " agrees where its reference does, on one device",
-                          [name, &ran, recipe_scenarios] {
-                            const scenarios::Scenario s = *recipe_scenarios;
-                            RC_PRE(!harness::not_applicable(harness::find_variant(name), s));
-                            ++ran;
-                            p::agrees_where_reference_does(name, s);
-                          });
+        check_step(name + " agrees where its reference does, on one device", name,
+                   [recipe_scenarios] { return *recipe_scenarios; });
       }
     }
     throughput();
@@ -67,18 +75,12 @@ int fuzz_command(const FuzzOptions& options) {
       for (const harness::VariantSpec& v : harness::select_variants(pattern)) names.push_back(v.name);
     }
     for (const std::string& name : names) {
-      held &= rc::check(name + " agrees where its reference does, on one device", [name, &ran] {
-        ++ran;
-        p::agrees_where_reference_does(name, *scenarios::single_device_scenarios());
-      });
-      held &= rc::check(name + " agrees where its reference does, on ragged ranks", [name, &ran] {
-        ++ran;
-        p::agrees_where_reference_does(name, *scenarios::ragged_rank_scenarios());
-      });
-      held &= rc::check(name + " agrees where its reference does, on any ranks", [name, &ran] {
-        ++ran;
-        p::agrees_where_reference_does(name, *scenarios::multi_rank_scenarios());
-      });
+      check_step(name + " agrees where its reference does, on one device", name,
+                 [] { return *scenarios::single_device_scenarios(); });
+      check_step(name + " agrees where its reference does, on ragged ranks", name,
+                 [] { return *scenarios::ragged_rank_scenarios(); });
+      check_step(name + " agrees where its reference does, on any ranks", name,
+                 [] { return *scenarios::multi_rank_scenarios(); });
     }
     throughput();
     fmt::print("{}\n", held ? "every property held" : "a property failed: see the counter-example above");

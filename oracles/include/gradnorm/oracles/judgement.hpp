@@ -6,6 +6,7 @@
 
 #include <optional>
 #include <string>
+#include <vector>
 
 #include "gradnorm/oracles/evaluation.hpp"
 #include "gradnorm/oracles/token_weights.hpp"
@@ -18,6 +19,15 @@ struct Judgement {
   // Agreement: pass, or the expected error (N == 0, or a refusal its reference shares).
   [[nodiscard]] bool agrees() const;
   [[nodiscard]] bool reference_agrees() const;
+  // Check by check (scenarios::kCheckNames): the checks this case holds the step to, those
+  // its reference did not fail and the step's run could be measured on (numbers only where
+  // a gradient exists and the step did not raise, the norm only with clipping, ranks-agree
+  // only with ranks; nothing where the reference's run aborted). A reference's documented
+  // weakness (its NaN logged loss after an empty micro-batch) so removes only its own check.
+  [[nodiscard]] std::vector<std::string> judged_checks() const;
+  // The judged checks the step failed, and "run" when the step's own run aborted. Empty:
+  // the step agrees with the oracle wherever its reference does.
+  [[nodiscard]] std::vector<std::string> disagreements() const;
 };
 
 // Runs `variant` and its reference on `scenario` (ranks as threads) and judges both.
