@@ -92,7 +92,13 @@ Evaluation evaluate_scenario(const scenarios::Scenario& s,
     if (!row.fault && reference.fault) row.fault = "reference " + v.reference + ": " + *reference.fault;
     if (!run.ranks.empty()) row.observation = run.ranks.front();
     for (const harness::Observation& rank : run.ranks) row.rank_digests.push_back(harness::digest(rank));
-    row.verdict = judge_ranks(s, run, oracle->second, reference);
+    // Past the first step the oracle starts each step where rank 0's observed one did
+    // (oracle.hpp): one float64 run per row then, not per scenario.
+    std::optional<OracleResult> anchored;
+    if (s.steps > 1 && !run.ranks.empty() && !oracle->second.no_gradient) {
+      anchored = run_oracle(s, config, v.objective, &run.ranks.front());
+    }
+    row.verdict = judge_ranks(s, run, anchored ? *anchored : oracle->second, reference);
     row.global_token_count = oracle->second.global_token_count;
     const bool has_step = !oracle->second.steps.empty();
     row.oracle_loss = has_step ? oracle->second.steps.front().loss

@@ -64,10 +64,30 @@ class ReferenceOptimizer {
   std::vector<at::Tensor> second_moment_;
 };
 
+// The parameters the observed step `step - 1` left, when they can stand for the oracle's:
+// the same trainable parameters by name and shape, every value finite (a step that went
+// non-finite has failed already; the oracle then goes on from its own trajectory).
+const std::vector<NamedTensor>* anchor_for(const harness::Observation* anchor, int step,
+                                           const harness::Model& model) {
+  if (anchor == nullptr || step == 0 || anchor->steps.size() < static_cast<std::size_t>(step)) return nullptr;
+  const std::vector<NamedTensor>& after = anchor->steps[static_cast<std::size_t>(step) - 1].parameters_after;
+  std::size_t index = 0;
+  for (const harness::Parameter& p : model.parameters()) {
+    if (!p.trainable) continue;
+    if (index >= after.size() || after[index].name != p.name || !after[index].value.defined() ||
+        !after[index].value.sizes().equals(p.value.sizes()) ||
+        !at::isfinite(after[index].value).all().item<bool>()) {
+      return nullptr;
+    }
+    ++index;
+  }
+  return index == after.size() ? &after : nullptr;
+}
+
 }  // namespace
 
 OracleResult run_oracle(const Scenario& s, const harness::ModelConfig& model_config,
-                        harness::Objective objective) {
+                        harness::Objective objective, const harness::Observation* anchor) {
   scenarios::validate(s);
   OracleResult result;
   result.global_token_count = s.global_token_count();
@@ -93,6 +113,13 @@ OracleResult run_oracle(const Scenario& s, const harness::ModelConfig& model_con
                   ->converted(at::kDouble);
   }
   for (int step = 0; step < s.steps; ++step) {
+    if (const std::vector<NamedTensor>* start = anchor_for(anchor, step, *model)) {
+      at::NoGradGuard no_grad;
+      std::size_t index = 0;
+      for (const harness::Parameter& p : model->parameters()) {
+        if (p.trainable) p.value.copy_((*start)[index++].value.to(at::kDouble));
+      }
+    }
     // All valid tokens of the step, every rank and micro-batch, as one batch. Every
     // data-parallel rank's batch is read whole: the tokens tensor- and context-parallel
     // ranks share or split are counted once.
@@ -171,6 +198,9 @@ OracleResult run_oracle(const Scenario& s, const harness::ModelConfig& model_con
     }
     if (s.clip_max_norm) out.clip_coef = std::min(1.0, *s.clip_max_norm / (out.total_norm + 1e-6));
     optimizer.begin_step();
+    for (const harness::Parameter& p : model->parameters()) {
+      if (p.trainable) out.parameters_before.push_back({p.name, p.value.detach().clone()});
+    }
     std::size_t index = 0;
     for (const harness::Parameter& p : model->parameters()) {
       if (!p.trainable) continue;

@@ -11,7 +11,9 @@
 #include "gradnorm/harness/batch.hpp"
 #include "gradnorm/harness/determinism.hpp"
 #include "gradnorm/oracles/evaluation.hpp"
+#include "gradnorm/harness/runner.hpp"
 #include "gradnorm/oracles/oracle.hpp"
+#include "gradnorm/oracles/verdict.hpp"
 #include "gradnorm/scenarios/catalogue.hpp"
 
 namespace gradnorm {
@@ -299,6 +301,56 @@ TEST(Determinism, TheSameScenarioGivesBitIdenticalObservations) {
   EXPECT_FALSE(oracles::compare_observations(first.rows[0].observation, nudged,
                                              harness::scalar_type(first.rows[0].scenario.dtype))
                    .bitwise_equal);
+}
+
+// Each step judged from where it really started (run_oracle's anchor). float32 AdamW at
+// lr 0.5: the oracle's own float64 trajectory leaves the recipe's past the gradient
+// tolerance within 40 steps (the first failure measured at step 13), though every step is
+// right; anchored on the observed parameters, all 40 steps pass.
+scenarios::Scenario long_adamw() {
+  scenarios::Scenario s = scenarios::find_scenario("single/accum2-ragged/float32");
+  s.name = "long/adamw/float32";
+  s.optimizer = scenarios::OptimizerKind::adamw;
+  s.steps = 40;
+  return s;
+}
+
+TEST(Oracle, AnchoredOnTheObservedParametersALongRightRunPasses) {
+  harness::DeterminismGuard guard;
+  const scenarios::Scenario s = long_adamw();
+  const harness::VariantSpec& baseline = harness::find_variant("baseline");
+  const harness::ModelConfig config = harness::model_config_for(baseline, s);
+  const harness::Observation run = harness::run_single_device(baseline, s);
+  ASSERT_EQ(run.steps.size(), 40u);
+  const oracles::Verdict free = oracles::judge(s, run, oracles::run_oracle(s, config), run);
+  EXPECT_EQ(free.kind, oracles::VerdictKind::fail) << "the unanchored oracle no longer drifts: "
+                                                   << "this test no longer shows what anchoring is for";
+  const oracles::Verdict anchored =
+      oracles::judge(s, run, oracles::run_oracle(s, config, harness::Objective::scenario_loss, &run), run);
+  EXPECT_EQ(anchored.kind, oracles::VerdictKind::pass)
+      << (anchored.reasons.empty() ? std::string() : anchored.reasons.front());
+}
+
+// Its negative control: anchoring does not carry a wrong step along. One parameter moved by
+// 1e-3 in the record of step 20 (an optimizer that misstepped there) fails that step's update
+// check first, and no step before it; the later steps' records, computed from the unmoved
+// parameters, disagree with an oracle started from the moved ones and fail too.
+TEST(Oracle, AnchoringStillCatchesOneWrongStepAndNamesIt) {
+  harness::DeterminismGuard guard;
+  const scenarios::Scenario s = long_adamw();
+  const harness::VariantSpec& baseline = harness::find_variant("baseline");
+  harness::Observation run = harness::run_single_device(baseline, s);
+  ASSERT_EQ(run.steps.size(), 40u);
+  at::Tensor moved = run.steps[20].parameters_after.front().value.clone();
+  moved.view({-1})[0] += 1e-3;
+  run.steps[20].parameters_after.front().value = moved;
+  const oracles::Verdict v = oracles::judge(
+      s, run,
+      oracles::run_oracle(s, harness::model_config_for(baseline, s), harness::Objective::scenario_loss, &run),
+      run);
+  EXPECT_EQ(v.kind, oracles::VerdictKind::fail);
+  ASSERT_FALSE(v.reasons.empty());
+  EXPECT_EQ(v.reasons.front().rfind("step 20: parameter update rel L2 error", 0), 0u) << v.reasons.front();
 }
 
 }  // namespace

@@ -20,6 +20,7 @@ struct OracleStep {
   double total_norm = 0;                        // ||g*||_2 before clipping
   double clip_coef = 1;                         // min(1, max_norm / (total_norm + 1e-6))
   double loss = 0;                              // L*, the loss a recipe should log
+  std::vector<harness::NamedTensor> parameters_before;  // where this step started (float64)
   std::vector<harness::NamedTensor> parameters_after;
 };
 
@@ -34,8 +35,16 @@ struct OracleResult {
 
 // `objective`: what the step's recipe optimises per token (the scenario's loss, or
 // distillation from the frozen teacher that ModelConfig::teacher describes).
+//
+// `anchor`: the observation being judged. Each step after the first then starts from the
+// parameters the observed step before it left (in float64), where they are finite, so every
+// step is judged from where it really started; the optimizer's state (momentum, moments,
+// step count) stays the oracle's own. Without it the oracle follows its own float64
+// trajectory, and the rounding of the step's storage compounds over steps into a gap no
+// tolerance states (docs/design.md §2: float32 AdamW at lr 0.5 drifts past 1e-5 at step 13).
 [[nodiscard]] OracleResult run_oracle(
     const scenarios::Scenario& scenario, const harness::ModelConfig& model,
-    harness::Objective objective = harness::Objective::scenario_loss);
+    harness::Objective objective = harness::Objective::scenario_loss,
+    const harness::Observation* anchor = nullptr);
 
 }  // namespace gradnorm::oracles

@@ -23,7 +23,9 @@ inline Verdict judge_variant(const scenarios::Scenario& s, const std::string& na
   const harness::VariantSpec& v = harness::find_variant(name);
   const harness::RankedRun run = harness::run_in_threads(v, s);
   const harness::RankedRun reference = harness::run_in_threads(harness::find_variant(v.reference), s);
-  const Verdict verdict = judge_ranks(s, run, run_oracle(s, harness::model_config_for(v, s)), reference);
+  const harness::Observation* anchor = run.ranks.empty() ? nullptr : &run.ranks.front();
+  const Verdict verdict =
+      judge_ranks(s, run, run_oracle(s, harness::model_config_for(v, s), v.objective, anchor), reference);
   RC_LOG() << name << ": " << to_string(verdict.kind) << " (" << verdict.outcome << ")";
   for (const std::string& reason : verdict.reasons) RC_LOG() << "; " << reason;
   RC_LOG() << "\n";
