@@ -561,6 +561,7 @@ def embed():
     global _HARNESS_PID
     _HARNESS_PID = os.getpid()
     os._exit = _no_exit
+    os.fork = _fork_unless_ranks_are_threads(os.fork)
     for name in ("alarm", "setitimer"):
         setattr(signal, "_gradnorm_original_" + name, getattr(signal, name))
         setattr(signal, name, _refuse_timer(name))
@@ -580,6 +581,25 @@ def embed():
     for name in ("destroy_process_group", "init_process_group"):
         setattr(_c10d, name, _refuse_function(name))
         setattr(dist, name, _refuse_function(name))
+
+
+def _fork_unless_ranks_are_threads(real_fork):
+    """A fork copies only the calling thread. Ranks as threads of one process (a multi-rank
+    scenario under --launcher threads) would leave the child holding the other ranks' locks
+    and rooms with no thread to release them: refused there (multiprocessing, a DataLoader's
+    workers and os.fork all come through here). One device and rank processes fork freely."""
+    @functools.wraps(real_fork)
+    def fork():
+        import _gradnorm_native
+        ranks = _gradnorm_native.ranks_running_as_threads()
+        if ranks > 1 and not in_forked_child():
+            raise GradnormUnsupported(
+                "os.fork inside a gradnorm step whose %d ranks are threads of one process (a "
+                "DataLoader's workers, multiprocessing): the child would hold the other ranks' "
+                "locks with no thread to release them. Fork on one device, give the ranks "
+                "their own processes (--nproc W), or use num_workers=0" % ranks)
+        return real_fork()
+    return fork
 
 
 def _refuse_timer(name):

@@ -3,7 +3,9 @@
 #include <fmt/format.h>
 
 #include "gradnorm/harness/communicator.hpp"
+#include "gradnorm/harness/runner.hpp"
 
+#include <atomic>
 #include <condition_variable>
 #include <latch>
 #include <memory>
@@ -114,6 +116,9 @@ class Pool {
   std::vector<Worker*> idle_;
 };
 
+// Ranks now running as threads of this process, over every run in flight.
+std::atomic<int> ranks_as_threads{0};
+
 }  // namespace
 
 void run_ranks_concurrently(int world, const std::function<void(int)>& body) {
@@ -121,8 +126,15 @@ void run_ranks_concurrently(int world, const std::function<void(int)>& body) {
     body(0);
     return;
   }
+  ranks_as_threads += world;
+  struct Done {
+    int world;
+    ~Done() { ranks_as_threads -= world; }
+  } done{world};
   Pool::shared().run(world, body);
 }
+
+int ranks_running_as_threads() { return ranks_as_threads.load(); }
 
 int rank_threads_started() { return Pool::shared().started(); }
 

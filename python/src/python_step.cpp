@@ -251,6 +251,7 @@ void gradnorm::python::detail::define_native_module(py::module_& m) {
       .def("all_reduce_sum", &RankHandle::all_reduce_sum, release())
       .def("barrier", &RankHandle::barrier, release())
       .def("average_gradients", &RankHandle::average_gradients, release());
+  m.def("ranks_running_as_threads", &gradnorm::harness::ranks_running_as_threads);
 }
 
 namespace gradnorm::python {

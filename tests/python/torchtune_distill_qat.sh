@@ -66,7 +66,8 @@ expect "fake-quantises its linears from the first step" qat-lora.txt
 echo "fuzz: exit $?" >> fuzz.txt
 expect "cases per second" fuzz.txt
 expect 'first_label = "valid"' fuzz.txt
-expect "torchtune/full_finetune_single_device disagrees with the oracle where its reference agrees" fuzz.txt
+expect "torchtune/full_finetune_single_device disagrees with the oracle on error-behaviour, where its reference agrees" fuzz.txt
+expect "checks judged: on the 1 cases up to the counter-example" fuzz.txt
 expect "fuzz: exit 1" fuzz.txt
 # A distributed recipe needs rank processes: refused before any case runs.
 "$gradnorm" fuzz --recipe torchtune:full_finetune_distributed --cases 5 > fuzz-dist.txt 2>&1

@@ -273,6 +273,33 @@ TEST(HostileUserCode, AStepThatForksKeepsItsVerdictAndLeavesNoProcessBehind) {
   EXPECT_EQ(left.output, "0\n");
 }
 
+// An os.fork() from a step whose two ranks were threads of one process hung once (exit 3
+// after the timeout): the child held the other rank's locks with no thread to release them.
+// There a fork is refused, naming the cause and what works instead; the same step with its
+// ranks as processes (--nproc 2) forks its DataLoader's workers and passes (the control).
+TEST(HostileUserCode, AForkFromRanksThatAreThreadsIsRefusedAndRankProcessesMayFork) {
+  TemporaryDirectory folder("gradnorm-hostile");
+  const std::string step = write_file(
+      folder.path() / "workers.py",
+      baseline_prelude() +
+          "def step(ctx):\n"
+          "    data = torch.utils.data.DataLoader(list(range(8)), num_workers=2)\n"
+          "    assert sorted(int(x) for x in data) == list(range(8))\n"
+          "    return _baseline['step'](ctx)\n");
+  const std::vector<std::string> threads = {"run", "--python-step", step, "--findings-of",
+                                            "baseline", "-s", "dist/5-3/float32"};
+  const testing_support::CliResult refused = run_cli(threads);
+  EXPECT_EQ(refused.exit_code, 1) << explain(threads, refused);  // a verdict: the step raised
+  EXPECT_TRUE(contains(refused.output, "os.fork inside a gradnorm step whose 2 ranks are threads"))
+      << explain(threads, refused);
+  EXPECT_TRUE(contains(refused.output, "--nproc W")) << explain(threads, refused);
+  std::vector<std::string> processes = threads;
+  processes.insert(processes.end(), {"--nproc", "2"});
+  const testing_support::CliResult r = run_cli(processes);
+  EXPECT_EQ(r.exit_code, 0) << explain(processes, r);
+  EXPECT_TRUE(contains(r.output, "1 rows: 1 pass")) << explain(processes, r);
+}
+
 // signal.alarm in a step killed the run with no message (SIGALRM's default action).
 TEST(HostileUserCode, ATimerSignalInAStepIsRefusedNamingTimeout) {
   TemporaryDirectory folder("gradnorm-hostile");

@@ -50,6 +50,10 @@ struct RankedRun {
                                    const BatchSource& batches, Communicator& comm,
                                    const FaultInjection& fault);
 
+// Ranks of multi-rank runs now running as threads of this process (0 when none): a fork
+// then would copy one rank's thread into a child whose peers and locks did not come with it.
+[[nodiscard]] int ranks_running_as_threads();
+
 // Every rank as a thread of this process, reductions in rank order. Throws InvalidInput for
 // an invalid scenario or a pair the harness cannot run (see not_applicable).
 [[nodiscard]] RankedRun run_in_threads(const VariantSpec& variant,
