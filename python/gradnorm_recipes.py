@@ -29,7 +29,7 @@ gradnorm step resumes it until it asks its dataset for the next step's first sam
 finishes), so running sums the recipe carries between steps are its own.
 
 What is replaced from outside the recipe (module attributes, the recipe file untouched) is
-listed in ``REPLACED`` and in the README.
+listed in ``REPLACED`` and in docs/frameworks.md.
 """
 
 import functools

@@ -275,7 +275,7 @@ class HarnessOptimizer:
 
 
 class StepContext:
-    """What ``step(ctx)`` gets; see the README's "Write your step in Python"."""
+    """What ``step(ctx)`` gets; see docs/steps.md."""
 
     Refusal = Refusal
 

@@ -9,6 +9,7 @@
 #include <mutex>
 
 #include "gradnorm/harness/runner.hpp"
+#include "gradnorm/python/python_step.hpp"
 #include "gradnorm/scenarios/scenario.hpp"
 
 PYBIND11_EMBEDDED_MODULE(_gradnorm_native, m) { gradnorm::python::detail::define_native_module(m); }
@@ -164,3 +165,9 @@ std::pair<std::string, std::string> describe(py::error_already_set& error, const
 }
 
 }  // namespace gradnorm::python::detail
+
+std::string gradnorm::python::embedded_python_description() {
+  return std::string("CPython ") + PY_VERSION + " embedded; its environment: " +
+         detail::python_executable() +
+         (std::getenv("GRADNORM_PYTHON") != nullptr ? " (from GRADNORM_PYTHON)" : " (the build's; GRADNORM_PYTHON overrides)");
+}

@@ -62,7 +62,7 @@ TEST(SeedCheck1Gradients, NonPowerOfTwoCountsDifferByRoundingOnly) {
       const auto base = harness::run_single_device(harness::find_variant("baseline"), s);
       const auto skip = harness::run_single_device(harness::find_variant("skip"), s);
       const auto pair = oracles::compare_observations(skip, base, harness::scalar_type(s.dtype));
-      EXPECT_FALSE(pair.bitwise_equal) << s.name << " became bit-identical: update the README";
+      EXPECT_FALSE(pair.bitwise_equal) << s.name << " became bit-identical: update docs/findings.md";
       EXPECT_GT(pair.max_ulp, 0) << s.name;
       // Each path is within tensor_rel_l2 of the oracle (check 1 above), so by the triangle
       // inequality the two are within twice that of each other.

@@ -4,7 +4,7 @@
 # knowledge_distillation_distributed on 2 rank processes, each against the findings its
 # transcription documents (--findings-of kd-*); qat_distributed on 2 rank processes with
 # torchtune's own QAT quantizer (fake quantisation held off); qat_lora_finetune_distributed
-# left out with its reason. The figures are the ones measured and explained in the README
+# left out with its reason. The figures are the ones measured and explained in docs/findings.md
 # ("torchtune's own recipes"). Skips (77) where torchtune cannot be imported, saying why.
 # Arguments: GRADNORM_BINARY SOURCE_DIR WORK_DIR
 set -uo pipefail

@@ -3,7 +3,7 @@
 # (their model substituted by torchtune's Llama 3 builder, examples/torchtune/tiny_llama.py)
 # and on first_label = "valid": full_finetune_single_device in-process, and
 # full_finetune_distributed on 2 rank processes over Gloo. The figures expected here are the
-# ones measured and explained in the README ("torchtune's own recipes"). Skips (77) where
+# ones measured and explained in docs/findings.md ("torchtune's own recipes"). Skips (77) where
 # torchtune cannot be imported, saying why.
 # Arguments: GRADNORM_BINARY SOURCE_DIR WORK_DIR
 set -uo pipefail

@@ -5,7 +5,7 @@
 # PYTHONPATH), on one device in-process and on 2 rank processes over Gloo DDP; the model
 # without loss kwargs; average_tokens_across_devices off; a user's Trainer subclass and
 # compute_loss_func from a file; the proof that each rank trains on its own micro-batches;
-# bad input (exit 2). The figures are the ones measured and explained in the README
+# bad input (exit 2). The figures are the ones measured and explained in docs/findings.md
 # ("Hugging Face Transformers' Trainer"). Skips (77) where transformers cannot be imported.
 # Arguments: GRADNORM_BINARY SOURCE_DIR WORK_DIR
 set -uo pipefail

@@ -5,7 +5,7 @@
 # over Gloo DDP; its dataset preparation dropping sequences with no valid label (and
 # max_length=None keeping them); average_tokens_across_devices off; the model without loss
 # kwargs; a user's SFTTrainer subclasses from a file; bad input (exit 2). The figures are the
-# ones measured and explained in the README ("TRL's SFTTrainer"). Skips (77) where TRL cannot
+# ones measured and explained in docs/findings.md ("TRL's SFTTrainer"). Skips (77) where TRL cannot
 # be imported.
 # Arguments: GRADNORM_BINARY SOURCE_DIR WORK_DIR
 set -uo pipefail

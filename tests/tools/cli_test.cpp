@@ -36,6 +36,26 @@ using testing_support::explain;
 using testing_support::run_cli;
 using testing_support::shell_quote;
 
+// --version names gradnorm's version, the torch it was built against and the build's
+// options; every subcommand's --help names its page of the guide, and the page exists.
+TEST(Cli, VersionNamesTheTorchAndTheBuildAndEveryHelpNamesItsGuidePage) {
+  const CliResult version = run_cli({"--version"});
+  EXPECT_EQ(version.exit_code, 0) << version.output;
+  for (const char* line : {"gradnorm 0.1.0\n", "\ntorch 2.", "\nPython steps: CPython 3.", "\nNCCL backend (--backend nccl): ",
+                           "\nbuild: "}) {
+    EXPECT_TRUE(contains(version.output, line)) << line << " in:\n" << version.output;
+  }
+  for (const char* command : {"run", "list", "show", "explain", "export", "stream", "fuzz", "bench", "diff",
+                              "validate-report"}) {
+    const CliResult help = run_cli({command, "--help"});
+    EXPECT_EQ(help.exit_code, 0) << command << ": " << help.output;
+    const std::size_t at = help.output.find("The guide: docs/");
+    ASSERT_NE(at, std::string::npos) << command << ": " << help.output;
+    const std::string page = help.output.substr(at + 11, help.output.find(".md", at) + 3 - at - 11);
+    EXPECT_TRUE(std::filesystem::exists(std::string(GRADNORM_SOURCE_DIR) + "/" + page)) << command << ": " << page;
+  }
+}
+
 TEST(Cli, NoSubcommandIsAUsageError) {
   const std::vector<std::string> args;
   const CliResult r = run_cli(args);

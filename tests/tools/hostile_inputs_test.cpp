@@ -1,4 +1,4 @@
-// Hardening, second pass (README "Reliability"): every path a command reads or writes, and
+// Hardening, second pass (docs/reliability.md): every path a command reads or writes, and
 // the entries into user code, refused or protected as scenario files are. Each case is one a
 // hostile user tried: before its fix it replaced a device node, read without end, wrote
 // half an export, exited 3 with no rank, or wrote a report where a step had moved the

@@ -37,6 +37,7 @@
 #include "gradnorm/python/python_step.hpp"
 #include "gradnorm/reports/report.hpp"
 #include "gradnorm/harness/transport.hpp"
+#include "version.hpp"
 #include "bench.hpp"
 #include "floor_bench.hpp"
 #include "diff_command.hpp"
@@ -179,7 +180,7 @@ void add_python_step_options(CLI::App& command, PythonStepOptions& options, bool
   if (recipes) add_recipe_options(command, options);
   command.add_option("--python-step", options.source,
                      "judge a step written in Python: FILE.py[:FUNCTION] (default function "
-                     "step); see the README's \"Write your step in Python\"");
+                     "step); see docs/steps.md");
   command.add_option("--name", options.name,
                      "the Python step's variant name (default: py/ and the file's stem)");
   command.add_option("--reference", options.reference,
@@ -882,6 +883,8 @@ int run_command_line(int argc, char** argv) {
   CLI::App app{"gradnorm: proves whether a training step normalises losses and gradients like "
                "a float64 oracle"};
   app.require_subcommand(1);
+  app.set_version_flag("--version", [] { return tools::version_text(); });
+  app.footer("The guide: README.md, then docs/ (docs/judging.md first).");
 
   RunOptions run_options;
   // CLI11's Range lets NaN through (every comparison with it is false): refuse it, and the
@@ -914,6 +917,7 @@ int run_command_line(int argc, char** argv) {
       },
       "SEED");
   CLI::App* run = app.add_subcommand("run", "run scenarios x variants and print the verdicts");
+  run->footer("The guide: docs/judging.md (verdicts), docs/reports.md (reports), docs/ranks.md (--nproc, launchers), docs/frameworks.md (--recipe).");
   run->add_option("--scenario,-s", run_options.scenario_patterns,
                   "scenario name or shell pattern (repeatable; default: the whole catalogue)");
   run->add_option("--scenario-file,-f", run_options.scenario_files,
@@ -969,6 +973,7 @@ int run_command_line(int argc, char** argv) {
 
   bool scenarios_only = false, variants_only = false;
   CLI::App* list = app.add_subcommand("list", "list the scenario catalogue and the variants");
+  list->footer("The guide: docs/scenarios.md.");
   list->add_flag("--scenarios", scenarios_only, "scenarios only");
   list->add_flag("--variants", variants_only, "variants only");
   bool names_only = false;
@@ -980,6 +985,7 @@ int run_command_line(int argc, char** argv) {
 
   std::string show_name;
   CLI::App* show = app.add_subcommand("show", "describe one scenario and its oracle");
+  show->footer("The guide: docs/scenarios.md.");
   show->add_option("scenario", show_name, "scenario name")->required();
   std::vector<std::string> show_files;
   show->add_option("--scenario-file,-f", show_files, "TOML scenario file (repeatable)")
@@ -989,6 +995,7 @@ int run_command_line(int argc, char** argv) {
   std::vector<std::string> explain_variants;
   CLI::App* explain = app.add_subcommand(
       "explain", "print each variant's effective per-token weight, per rank, against 1/N");
+  explain->footer("The guide: docs/judging.md.");
   explain->add_option("scenario", explain_name, "scenario name")->required();
   std::vector<std::string> explain_files;
   explain->add_option("--scenario-file,-f", explain_files, "TOML scenario file (repeatable)")
@@ -1002,6 +1009,7 @@ int run_command_line(int argc, char** argv) {
   CLI::App* export_cmd = app.add_subcommand(
       "export", "write oracle vectors (batches, initial parameters, the oracle's answers) that "
                 "torch.load reads, one file per scenario, for Python test suites");
+  export_cmd->footer("The guide: docs/steps.md (oracle vectors for pytest).");
   export_cmd->add_option("scenario", export_patterns, "scenario names or shell patterns")->required();
   export_cmd->add_option("--out", export_out, "the folder to write OUT/<scenario>.pt into")->required();
   export_cmd->add_option("--scenario-file,-f", export_files, "TOML scenario file (repeatable)")
@@ -1010,6 +1018,7 @@ int run_command_line(int argc, char** argv) {
   tools::StreamOptions stream_options;
   CLI::App* stream = app.add_subcommand(
       "stream", "write the reference stream of ragged steps (the speed workload) as a scenario file");
+  stream->footer("The guide: docs/speed.md.");
   // At most about 400 bytes a case (8 ranks x 4 counts): 100,000 cases stay within the
   // 64 MiB a scenario file may hold, so `run -f` reads every stream this writes.
   stream->add_option("--cases", stream_options.cases, "scenarios in the stream (default 300, at most 100000)")
@@ -1021,6 +1030,7 @@ int run_command_line(int argc, char** argv) {
   tools::FuzzOptions fuzz_options;
   CLI::App* fuzz = app.add_subcommand(
       "fuzz", "check the harness's properties over many generated scenarios");
+  fuzz->footer("The guide: docs/steps.md and docs/reliability.md.");
   fuzz->add_option("--cases", fuzz_options.cases, "cases per property (default 1000)")
       ->check(CLI::Range(1, 100000000));
   fuzz->add_option("--variant,-v", fuzz_options.variants,
@@ -1034,6 +1044,7 @@ int run_command_line(int argc, char** argv) {
   tools::BenchOptions bench_options;
   CLI::App* bench = app.add_subcommand(
       "bench", "seconds per scenario and peak memory, ranks as threads and as Gloo processes");
+  bench->footer("The guide: docs/speed.md.");
   bench->add_option("--repeat", bench_options.repeat, "runs per configuration (median reported)")
       ->check(CLI::Range(1, 1000));
   bench->add_option("--threads", bench_options.thread_ranks, "world sizes to run as threads")
@@ -1077,6 +1088,7 @@ int run_command_line(int argc, char** argv) {
   CLI::App* diff = app.add_subcommand(
       "diff", "compare two JSON reports (a pull request's base and head): regressions, fixes, "
               "drift; exit 1 on a regression");
+  diff->footer("The guide: docs/reports.md.");
   diff->add_option("base", diff_options.base, "the base's JSON report")->required();
   diff->add_option("head", diff_options.head, "the head's JSON report")->required();
   diff->add_option("--markdown", diff_options.markdown_path,
@@ -1094,6 +1106,7 @@ int run_command_line(int argc, char** argv) {
   std::string validate_path;
   CLI::App* validate_report = app.add_subcommand(
       "validate-report", "check a JSON report against gradnorm's report schema (docs/report.schema.json)");
+  validate_report->footer("The guide: docs/reports.md.");
   validate_report->add_option("file", validate_path, "the JSON report")->required();
 
   // --nproc W alone means ranks as W Gloo processes: one flag from threads to processes.

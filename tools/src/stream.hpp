@@ -1,6 +1,6 @@
 #pragma once
-// `gradnorm stream`: the reference stream of ragged steps as a scenario file (README,
-// "Speed"), the workload gradnorm's speed figures are about.
+// `gradnorm stream`: the reference stream of ragged steps as a scenario file (docs/speed.md),
+// the workload gradnorm's speed figures are about.
 
 #include <cstdint>
 #include <string>

@@ -93,6 +93,11 @@ void install_python_models();
 // torch's thread-local Python objects can be destroyed at exit.
 void hold_interpreter_until_exit();
 
+// The embedded Python, for `gradnorm --version`: the CPython version built in and the
+// environment whose site-packages it takes (GRADNORM_PYTHON, or the one the build used),
+// without starting the interpreter.
+[[nodiscard]] std::string embedded_python_description();
+
 // "candidate" or "reference"; throws InvalidInput for anything else.
 [[nodiscard]] harness::Role parse_python_role(const std::string& text);
 
