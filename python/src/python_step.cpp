@@ -679,7 +679,12 @@ const LoadedStep& load_recipe(const RecipeVariant& variant, std::string& name,
           : std::filesystem::path(target.substr(0, py_colon + 3)).stem().string() + "." +
                 target.substr(py_colon + 4);
   name = variant.name.empty() ? framework + "/" + stem : variant.name;
-  return *step;  // kept for the life of the process, as load() keeps steps
+  // Kept for the life of the process, as load() keeps steps: in a list that is never
+  // destroyed, so the step stays reachable after the registry's variants are gone at exit
+  // (LeakSanitizer reported it from every --recipe run). Under the GIL, taken above.
+  static auto& kept = *new std::vector<const LoadedStep*>();
+  kept.push_back(step);
+  return *step;
 }
 
 }  // namespace
