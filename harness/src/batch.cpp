@@ -59,15 +59,6 @@ std::uint64_t derive_seed(std::uint64_t base, std::initializer_list<std::uint64_
   return state;
 }
 
-c10::ScalarType scalar_type(scenarios::DType dtype) {
-  switch (dtype) {
-    case scenarios::DType::float64: return at::kDouble;
-    case scenarios::DType::float32: return at::kFloat;
-    case scenarios::DType::bfloat16: return at::kBFloat16;
-  }
-  TORCH_INTERNAL_ASSERT(false, "harness bug: unhandled dtype");
-}
-
 namespace {
 
 // Recent micro-batches, by everything that decides them: every variant of a scenario, and

@@ -1,4 +1,5 @@
 #include "gradnorm/harness/model.hpp"
+#include "gradnorm/harness/dtype.hpp"
 #include "gradnorm/harness/runner.hpp"
 #include "recent_cache.hpp"
 #include "torchscript_model.hpp"

@@ -1,4 +1,5 @@
 #include "torchscript_model.hpp"
+#include "gradnorm/harness/dtype.hpp"
 
 #include <ATen/ATen.h>
 #include <ATen/core/grad_mode.h>

@@ -10,7 +10,7 @@
 #include <map>
 #include <thread>
 
-#include "gradnorm/harness/batch.hpp"
+#include "gradnorm/harness/dtype.hpp"
 #include "gradnorm/harness/runner.hpp"
 
 namespace gradnorm::oracles {

@@ -9,7 +9,7 @@
 #include <cmath>
 #include <limits>
 
-#include "gradnorm/harness/batch.hpp"
+#include "gradnorm/harness/dtype.hpp"
 #include "gradnorm/oracles/tolerance.hpp"
 
 namespace gradnorm::oracles {

@@ -311,4 +311,10 @@ RC_GTEST_PROP(MakeMicroBatchProperty, CountAndLastPositionRule, ()) {
   RC_ASSERT(batch.labels.select(1, s.sequence_length - 1).eq(kIgnoreIndex).all().item<bool>());
 }
 
+// One mapping from a scenario's dtype to LibTorch's (harness/dtype.hpp), checked at compile
+// time: each dtype its own scalar type.
+static_assert(gradnorm::harness::scalar_type(DType::float64) == c10::ScalarType::Double);
+static_assert(gradnorm::harness::scalar_type(DType::float32) == c10::ScalarType::Float);
+static_assert(gradnorm::harness::scalar_type(DType::bfloat16) == c10::ScalarType::BFloat16);
+
 }  // namespace

@@ -6,6 +6,7 @@
 #include <functional>
 #include <vector>
 
+#include "gradnorm/harness/dtype.hpp"  // scalar_type, for the batches' users
 #include "gradnorm/scenarios/scenario.hpp"
 
 namespace gradnorm::harness {
@@ -24,9 +25,6 @@ struct MicroBatch {
   // recipe that receives aligned labels sees [first_labels, labels[:, :T-1]].
   at::Tensor first_labels;
 };
-
-// at::ScalarType of a scenario dtype.
-[[nodiscard]] c10::ScalarType scalar_type(scenarios::DType dtype);
 
 // The micro-batch `micro` of data-parallel rank `rank` at optimizer step `step`; the same
 // arguments always give bit-identical tensors.

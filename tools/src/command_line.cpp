@@ -1,0 +1,295 @@
+// What the subcommands share (command_line.hpp).
+#include "command_line.hpp"
+
+#include <fmt/format.h>
+#include <fmt/ranges.h>
+
+#include <algorithm>
+#include <charconv>
+#include <cmath>
+#include <filesystem>
+#include <limits>
+#include <set>
+#include <unordered_map>
+#include <unordered_set>
+
+#include "gradnorm/python/python_step.hpp"
+#include "gradnorm/scenarios/catalogue.hpp"
+#include "gradnorm/scenarios/files.hpp"
+#include "gradnorm/scenarios/scenario_file.hpp"
+
+namespace gradnorm::tools {
+
+const CLI::Validator& readable_file() {
+  static const CLI::Validator check(
+    [](std::string& path) {
+      const std::optional<std::string> why = scenarios::why_unreadable(path);
+      return why ? "'" + path + "' " + *why : std::string();
+    },
+    "FILE");
+  return check;
+}
+
+const CLI::Validator& finite_number() {
+  static const CLI::Validator check(
+      [](std::string& text) {
+        double value = 0;
+        try {
+          std::size_t used = 0;
+          value = std::stod(text, &used);
+          if (used != text.size()) return std::string("is not a number: ") + text;
+        } catch (const std::exception&) {
+          return std::string("is not a number: ") + text;
+        }
+        return std::isfinite(value) ? std::string() : std::string("must be a finite number, got ") + text;
+      },
+      "FINITE");
+  return check;
+}
+
+const CLI::Validator& seed_number() {
+  static const CLI::Validator check(
+      [](std::string& text) {
+        std::uint64_t value = 0;
+        const char* end = text.data() + text.size();
+        const auto [stop, error] = std::from_chars(text.data(), end, value);
+        if (text.empty() || error != std::errc() || stop != end) {
+          return fmt::format("must be a whole number in [0, {}], got '{}'",
+                             std::numeric_limits<std::uint64_t>::max(), text);
+        }
+        return std::string();
+      },
+      "SEED");
+  return check;
+}
+
+std::optional<int>& process_rank() {
+  static std::optional<int> rank;
+  return rank;
+}
+
+namespace {
+
+// The union of what each pattern selects, in the registry's own order; no pattern: all.
+template <typename Item, typename Select>
+std::vector<Item> pick(const std::vector<Item>& all, const std::vector<std::string>& patterns,
+                       Select select) {
+  if (patterns.empty()) return all;
+  std::set<std::string> wanted;
+  for (const std::string& pattern : patterns) {
+    for (const Item& item : select(pattern)) wanted.insert(item.name);
+  }
+  std::vector<Item> out;
+  for (const Item& item : all) {
+    if (wanted.count(item.name)) out.push_back(item);
+  }
+  return out;
+}
+
+// True when some file holds [[scenario]] tables (a file may hold only [[variant]] tables).
+bool files_have_scenarios(const std::vector<std::string>& files) {
+  for (const std::string& file : files) {
+    if (!scenarios::load_scenario_file_contents(file).scenarios.empty()) return true;
+  }
+  return false;
+}
+
+}  // namespace
+
+// The catalogue plus every scenario file; only the files' scenarios when files are given
+// and no pattern is.
+std::vector<scenarios::Scenario> scenario_pool(const std::vector<std::string>& files,
+                                               bool files_only) {
+  std::vector<scenarios::Scenario> pool;
+  // Where each name comes from. A file's scenario may not take a catalogue name even when
+  // the catalogue is not in the pool: a report would then show two meanings under one name.
+  std::unordered_map<std::string, std::string> origin;
+  for (const scenarios::Scenario& s : scenarios::catalogue()) origin.emplace(s.name, "the catalogue");
+  if (!files_only) pool = scenarios::catalogue();
+  for (const std::string& file : files) {
+    for (scenarios::Scenario& s : scenarios::load_scenario_file_contents(file).scenarios) {
+      const auto [known, added] = origin.emplace(s.name, file);
+      if (!added) {
+        throw scenarios::InvalidInput(fmt::format(
+            "{}: scenario '{}' is already defined in {}; give it a name of its own", file,
+            s.name, known->second == file ? "this file" : known->second));
+      }
+      pool.push_back(std::move(s));
+    }
+  }
+  return pool;
+}
+
+std::vector<scenarios::Scenario> pick_scenarios(const std::vector<std::string>& patterns,
+                                                const std::vector<std::string>& files) {
+  const auto pool = scenario_pool(files, patterns.empty() && files_have_scenarios(files));
+  std::vector<scenarios::Scenario> picked = pick(pool, patterns, [&pool](std::string_view pattern) {
+    return scenarios::select_scenarios(pool, pattern);
+  });
+  // A file whose scenarios -s selected none of ran none of them, silently: refused.
+  if (!patterns.empty() && !files.empty()) {
+    std::unordered_set<std::string> names;
+    for (const scenarios::Scenario& p : picked) names.insert(p.name);
+    for (const std::string& file : files) {
+      const std::vector<scenarios::Scenario> own = scenarios::load_scenario_file_contents(file).scenarios;
+      if (own.empty()) continue;
+      const bool any = std::any_of(own.begin(), own.end(),
+                                   [&names](const scenarios::Scenario& s) { return names.count(s.name) > 0; });
+      if (!any) {
+        throw scenarios::InvalidInput(fmt::format(
+            "{}: none of its {} scenario(s) ('{}'{}) matches -s {}: select them by name or pattern, "
+            "or leave out -f",
+            file, own.size(), own.front().name, own.size() > 1 ? ", ..." : "", fmt::join(patterns, " -s ")));
+      }
+    }
+  }
+  return picked;
+}
+
+const scenarios::Scenario& find_named(const std::vector<scenarios::Scenario>& pool,
+                                      const std::string& name) {
+  return scenarios::find_scenario(pool, name);
+}
+
+std::vector<harness::VariantSpec> pick_variants(const std::vector<std::string>& patterns) {
+  return pick(harness::variants(), patterns, harness::select_variants);
+}
+
+namespace {
+
+void add_recipe_options(CLI::App& command, PythonStepOptions& options) {
+  command.add_option("--recipe", options.recipe,
+                     "judge a framework's own recipe code, unmodified: torchtune:NAME (a recipe "
+                     "the installed torchtune ships), torchtune:PATH.py (your copy of one), "
+                     "transformers:trainer (the installed transformers.Trainer), "
+                     "transformers:PATH.py:NAME (your Trainer subclass or compute_loss_func), "
+                     "trl:sft (TRL's SFTTrainer) or trl:PATH.py:NAME (your SFTTrainer subclass)");
+  command.add_option("--recipe-arg", options.recipe_args,
+                     "KEY=VALUE: override the recipe's config as `tune run` does, or set a "
+                     "TrainingArguments (SFTConfig) field for transformers (trl) (repeatable); "
+                     "keys the scenario decides are refused");
+  command.add_option("--recipe-model", options.recipe_model,
+                     "python:FILE.py:FUNCTION: the framework's model a recipe run gives scenarios "
+                     "whose model is built in (default: examples/torchtune/tiny_llama.py, "
+                     "examples/transformers/tiny_llama.py for transformers and trl)");
+}
+
+}  // namespace
+
+void add_python_step_options(CLI::App& command, PythonStepOptions& options, bool recipes) {
+  if (recipes) add_recipe_options(command, options);
+  command.add_option("--python-step", options.source,
+                     "judge a step written in Python: FILE.py[:FUNCTION] (default function "
+                     "step); see docs/steps.md");
+  command.add_option("--name", options.name,
+                     "the Python step's variant name (default: py/ and the file's stem)");
+  command.add_option("--reference", options.reference,
+                     "the variant whose error behaviour the Python step must match (default "
+                     "baseline)");
+  command.add_option("--role", options.role, "candidate (default) or reference")
+      ->check(CLI::IsMember({"candidate", "reference"}));
+  command.add_option("--findings-of", options.findings_of,
+                     "the Python step transcribes this variant: expect its documented findings");
+}
+
+
+// Registers the steps a run declares (--python-step, and [[variant]] tables in the scenario
+// files) and returns their names, in declaration order. Rank processes re-run the same
+// command line, so each registers the same steps in its own interpreter.
+std::vector<std::string> declare_steps(const PythonStepOptions& cli_step,
+                                       const std::vector<std::string>& files) {
+  std::vector<std::string> names;
+  auto declare = [&names](python::PythonVariant v) {
+    const harness::VariantSpec spec = python::make_python_variant(v);
+    names.push_back(spec.name);
+    harness::register_variant(spec);
+  };
+  for (const std::string& file : files) {
+    for (const scenarios::VariantDeclaration& d : scenarios::load_scenario_file_contents(file).variants) {
+      if (!d.recipe.empty()) {
+        try {
+          const harness::VariantSpec spec = python::make_recipe_variant(
+              python::RecipeVariant{d.recipe, d.recipe_args, d.name, d.reference, d.findings_of});
+          names.push_back(spec.name);
+          harness::register_variant(spec);
+        } catch (const scenarios::InvalidInput& error) {
+          throw scenarios::InvalidInput(fmt::format("{}: {}", d.where, error.what()));
+        }
+        continue;
+      }
+      try {
+        declare(python::PythonVariant{d.name, python::parse_step_source(d.python),
+                                      python::parse_python_role(d.role), d.reference,
+                                      d.findings_of});
+      } catch (const scenarios::InvalidInput& error) {
+        throw scenarios::InvalidInput(fmt::format("{}: {}", d.where, error.what()));
+      }
+    }
+  }
+  if (!cli_step.recipe.empty()) {
+    const harness::VariantSpec spec = python::make_recipe_variant(python::RecipeVariant{
+        cli_step.recipe, cli_step.recipe_args, cli_step.source.empty() ? cli_step.name : "",
+        cli_step.reference, cli_step.source.empty() ? cli_step.findings_of : ""});
+    names.push_back(spec.name);
+    harness::register_variant(spec);
+  } else if (!cli_step.recipe_args.empty() || !cli_step.recipe_model.empty()) {
+    throw scenarios::InvalidInput("--recipe-arg and --recipe-model describe a --recipe; none given");
+  }
+  if (!cli_step.source.empty()) {
+    declare(python::PythonVariant{cli_step.name, python::parse_step_source(cli_step.source),
+                                  python::parse_python_role(cli_step.role), cli_step.reference,
+                                  cli_step.findings_of});
+  } else if ((!cli_step.name.empty() || !cli_step.findings_of.empty()) && cli_step.recipe.empty()) {
+    throw scenarios::InvalidInput("--name and --findings-of describe a --python-step or a "
+                                  "--recipe; none given");
+  }
+  return names;
+}
+
+std::vector<scenarios::Scenario> with_recipe_model(std::vector<scenarios::Scenario> list,
+                                                   const PythonStepOptions& step, bool recipes) {
+  if (!recipes) return list;
+  const std::string spec =
+      step.recipe_model.empty() ? python::default_recipe_model(step.recipe) : step.recipe_model;
+  scenarios::Scenario probe;
+  constexpr std::string_view kPython = "python:";
+  if (spec.rfind(kPython, 0) == 0) {
+    // As a scenario file's model: split at the first colon after the file's last '/'.
+    const std::string rest = spec.substr(kPython.size());
+    const auto slash = rest.find_last_of('/');
+    const auto colon = rest.find(':', slash == std::string::npos ? 0 : slash);
+    if (colon != std::string::npos && colon > 0 && colon + 1 < rest.size()) {
+      probe.model = scenarios::ModelKind::python;
+      probe.model_file = std::filesystem::absolute(rest.substr(0, colon)).lexically_normal().string();
+      probe.model_function = rest.substr(colon + 1);
+    }
+  }
+  if (probe.model != scenarios::ModelKind::python) {
+    throw scenarios::InvalidInput(fmt::format(
+        "--recipe-model '{}': expected python:FILE.py:FUNCTION (the framework's module)", spec));
+  }
+  std::vector<scenarios::Scenario> out;
+  std::size_t left_out = 0;
+  for (scenarios::Scenario s : list) {
+    if (s.model == scenarios::ModelKind::causal_lm) {
+      if (s.dtype == scenarios::DType::float64) {
+        ++left_out;
+        continue;
+      }
+      s.model = probe.model;
+      s.model_file = probe.model_file;
+      s.model_function = probe.model_function;
+      s.name = probe.model_function + "/" + s.name;
+    }
+    out.push_back(std::move(s));
+  }
+  if (left_out > 0 && out.empty()) {
+    throw scenarios::InvalidInput(fmt::format(
+        "--recipe: every selected scenario is float64, which the framework's model does not "
+        "compute in (torchtune's decoder returns float32 logits, transformers' Llama normalises "
+        "in float32): choose float32 or bfloat16 scenarios"));
+  }
+  return out;
+}
+
+}  // namespace gradnorm::tools

@@ -1,0 +1,102 @@
+#pragma once
+// What the subcommands share (tools/src/commands/, one file per subcommand; cli.cpp builds
+// the command line from them): exit statuses, option checks, choosing scenarios and
+// variants, and the Python steps and recipes a command declares.
+#include <CLI/CLI.hpp>
+
+#include <memory>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "gradnorm/harness/variant.hpp"
+#include "gradnorm/scenarios/scenario.hpp"
+
+namespace gradnorm::tools {
+
+constexpr int kExitAsExpected = 0;
+constexpr int kExitUnexpected = 1;
+constexpr int kExitUsage = 2;
+constexpr int kExitInternal = 70;
+
+// A file option's check (files.hpp): the message says what the path is (a folder, a FIFO, a
+// device, a symbolic link loop), where CLI::ExistingFile said "does not exist" of a loop.
+[[nodiscard]] const CLI::Validator& readable_file();
+// CLI11's Range lets NaN through (every comparison with it is false): refused, and the
+// infinities, by name.
+[[nodiscard]] const CLI::Validator& finite_number();
+// CLI11 reads "-1" into an unsigned seed as 2^64 - 1 and saturates 2^64: a seed is digits
+// that fit 64 bits, or an error.
+[[nodiscard]] const CLI::Validator& seed_number();
+
+// This process's rank when it runs as one (--launcher env or slurm), for naming it when it fails.
+[[nodiscard]] std::optional<int>& process_rank();
+
+// One subcommand, added to the command line by its add_*_command; run() once the command
+// line parsed and chose it. Bad input throws scenarios::InvalidInput (exit 2).
+class Subcommand {
+ public:
+  explicit Subcommand(CLI::App* app) : app_(app) {}
+  virtual ~Subcommand() = default;
+  [[nodiscard]] bool chosen() const { return app_->parsed(); }
+  virtual int run() = 0;
+
+ protected:
+  CLI::App* app_;
+};
+
+// The catalogue plus every scenario file; only the files' scenarios when `files_only`.
+[[nodiscard]] std::vector<scenarios::Scenario> scenario_pool(const std::vector<std::string>& files,
+                                                             bool files_only);
+// What the patterns select from the catalogue and the files (only the files' scenarios when
+// files are given and no pattern is).
+[[nodiscard]] std::vector<scenarios::Scenario> pick_scenarios(const std::vector<std::string>& patterns,
+                                                              const std::vector<std::string>& files);
+[[nodiscard]] const scenarios::Scenario& find_named(const std::vector<scenarios::Scenario>& pool,
+                                                    const std::string& name);
+[[nodiscard]] std::vector<harness::VariantSpec> pick_variants(const std::vector<std::string>& patterns);
+
+// A step written in Python, or a framework's recipe, from the command line.
+struct PythonStepOptions {
+  std::string source;  // FILE.py[:FUNCTION]; empty: none
+  std::string name;
+  std::string reference = "baseline";
+  std::string role = "candidate";
+  std::string findings_of;
+  // Real framework code (--recipe FRAMEWORK:TARGET), its config overrides, and the model it
+  // gives scenarios whose model is built in.
+  std::string recipe;
+  std::vector<std::string> recipe_args;
+  std::string recipe_model;
+};
+
+// `recipes`: the command also takes --recipe (run, bench and fuzz).
+void add_python_step_options(CLI::App& command, PythonStepOptions& options, bool recipes = false);
+
+// Registers the steps a command declares (--python-step, --recipe, and [[variant]] tables in
+// the scenario files) and returns their names, in declaration order. Rank processes re-run
+// the same command line, so each registers the same steps in its own interpreter.
+std::vector<std::string> declare_steps(const PythonStepOptions& cli_step,
+                                       const std::vector<std::string>& files);
+
+// A recipe builds its model with a framework builder, so a scenario whose model is built in
+// (causal_lm) becomes the same scenario with the framework's model (--recipe-model), named
+// FUNCTION/NAME; float64 ones are left out (torchtune trains in fp32 or bf16, its decoder's
+// logits are float32). Other models stay, and the recipe says why it cannot run them.
+[[nodiscard]] std::vector<scenarios::Scenario> with_recipe_model(std::vector<scenarios::Scenario> list,
+                                                                 const PythonStepOptions& step, bool recipes);
+
+// Each adds its subcommand (its options, help and footer naming its page of the guide).
+[[nodiscard]] std::unique_ptr<Subcommand> add_run_command(CLI::App& app, int argc, char** argv);
+[[nodiscard]] std::unique_ptr<Subcommand> add_list_command(CLI::App& app);
+[[nodiscard]] std::unique_ptr<Subcommand> add_show_command(CLI::App& app);
+[[nodiscard]] std::unique_ptr<Subcommand> add_explain_command(CLI::App& app);
+[[nodiscard]] std::unique_ptr<Subcommand> add_export_command(CLI::App& app);
+[[nodiscard]] std::unique_ptr<Subcommand> add_stream_command(CLI::App& app);
+[[nodiscard]] std::unique_ptr<Subcommand> add_fuzz_command(CLI::App& app);
+// bench, and bench-one (one measurement, hidden: bench runs it in a child process).
+[[nodiscard]] std::vector<std::unique_ptr<Subcommand>> add_bench_commands(CLI::App& app);
+[[nodiscard]] std::unique_ptr<Subcommand> add_diff_command(CLI::App& app);
+[[nodiscard]] std::unique_ptr<Subcommand> add_validate_report_command(CLI::App& app);
+
+}  // namespace gradnorm::tools
