@@ -1,4 +1,4 @@
-// `gradnorm --version`: gradnorm's own version, the torch it was built against and runs on,
+// `gradnorm --version`: gradnorm's own version, the LibTorch it was built against,
 // and the build's options (Python steps, the NCCL backend, the build type, sanitizers).
 #include "version.hpp"
 
