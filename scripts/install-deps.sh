@@ -77,6 +77,13 @@ from transformers import Trainer, LlamaForCausalLM  # noqa: F401
 print("install-deps: transformers", transformers.__version__, "with huggingface_hub",
       huggingface_hub.__version__, "and accelerate", accelerate.__version__)'
 
+install_overlay transformers-5.17.0 requirements-transformers517.txt '
+import transformers, accelerate, huggingface_hub
+assert transformers.__version__ == "5.17.0", transformers.__version__
+from transformers import Trainer, LlamaForCausalLM  # noqa: F401
+print("install-deps: transformers", transformers.__version__, "with huggingface_hub",
+      huggingface_hub.__version__, "and accelerate", accelerate.__version__)'
+
 install_overlay trl-1.16.0 requirements-trl.txt '
 import warnings
 warnings.filterwarnings("ignore")  # torchao 0.15 warns that its C++ extensions do not match

@@ -5,6 +5,7 @@
 # PYTHONPATH), on one device in-process and on 2 rank processes over Gloo DDP; the model
 # without loss kwargs; average_tokens_across_devices off; a user's Trainer subclass and
 # compute_loss_func from a file; the proof that each rank trains on its own micro-batches;
+# 5.17.0 (requirements-transformers517.txt's folder) on the rows where 4.57.6 and 5.18.0 part;
 # bad input (exit 2). The figures are the ones measured and explained in docs/findings.md
 # ("Hugging Face Transformers' Trainer"). Skips (77) where transformers cannot be imported.
 # Arguments: GRADNORM_BINARY SOURCE_DIR WORK_DIR
@@ -14,7 +15,8 @@ source_dir="$2"
 work="$3"
 python="${GRADNORM_PYTHON:?set it to the environment python, as ctest does}"
 v4="$(dirname "$(dirname "$python")")/transformers-4.57.6"
-for env in "" "$v4"; do
+v517="$(dirname "$(dirname "$python")")/transformers-5.17.0"
+for env in "" "$v4" "$v517"; do
   if ! why=$(PYTHONPATH="$env" "$python" -c 'import transformers, accelerate' 2>&1); then
     echo "SKIP: transformers does not import in $python${env:+ with $env}: $(echo "$why" | tail -1)"
     exit 77
@@ -69,6 +71,16 @@ PYTHONPATH="$v4" "$gradnorm" run --recipe transformers:trainer --nproc 2 -s dist
 row hf_tiny_llama/dist/5-3/float32 $trainer pass v4-dist.txt
 row hf_tiny_llama/first-valid/dist/5-3/float32 $trainer fail v4-dist.txt
 expect "every rank: step 0: gradients rel L2 error 0.333 > 1e-05" v4-dist.txt
+
+# 5.17.0: already counts labels[..., 1:] and logs the unrounded loss, as 5.18.0 does.
+PYTHONPATH="$v517" "$gradnorm" run --recipe transformers:trainer -s single/accum4-ragged/float32 \
+  -s first-valid/single/accum2-ragged/float32 --json v517.json > v517.txt 2>&1
+row hf_tiny_llama/single/accum4-ragged/float32 $trainer pass v517.txt
+row hf_tiny_llama/first-valid/single/accum2-ragged/float32 $trainer pass v517.txt
+expect "transformers 5.17.0's Trainer, unmodified" v517.json
+PYTHONPATH="$v517" "$gradnorm" run --recipe transformers:trainer --nproc 2 \
+  -s first-valid/dist/5-3/float32 > v517-dist.txt 2>&1
+row hf_tiny_llama/first-valid/dist/5-3/float32 $trainer pass v517-dist.txt
 
 # A user's Trainer code from a file, as the variants of a scenario file: a compute_loss_func
 # that sums over num_items_in_batch passes; one that takes each micro-batch's mean fails on
