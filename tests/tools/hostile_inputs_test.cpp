@@ -236,6 +236,11 @@ TEST(HostileUserCode, AStepThatHangsInItsImportOrCannotRunIsStoppedByTimeout) {
                  "cannot_run did not answer on scenario 'single/n3/float32' within 1000 ms");
 }
 
+// The body of a step that iterates a DataLoader with two worker processes (each a fork).
+const std::string kDataLoaderWithWorkers =
+    "    data = torch.utils.data.DataLoader(list(range(8)), num_workers=2)\n"
+    "    assert sorted(int(x) for x in data) == list(range(8))\n";
+
 // A step that forked (a DataLoader with workers) aborted the workers with std::system_error;
 // an os.fork() child returned into the harness and stayed, deadlocked, after the run. Now a
 // forked child computes freely, is refused the harness (its ctx), and ends when the step's
@@ -246,9 +251,8 @@ TEST(HostileUserCode, AStepThatForksKeepsItsVerdictAndLeavesNoProcessBehind) {
   const std::string step = write_file(
       folder.path() / "forks.py",
       baseline_prelude() +
-          "def step(ctx):\n"
-          "    data = torch.utils.data.DataLoader(list(range(8)), num_workers=2)\n"
-          "    assert sorted(int(x) for x in data) == list(range(8))\n"
+          "def step(ctx):\n" +
+          kDataLoaderWithWorkers +
           "    pid = os.fork()\n"
           "    if pid == 0:\n"
           "        try:\n"
@@ -282,9 +286,8 @@ TEST(HostileUserCode, AForkFromRanksThatAreThreadsIsRefusedAndRankProcessesMayFo
   const std::string step = write_file(
       folder.path() / "workers.py",
       baseline_prelude() +
-          "def step(ctx):\n"
-          "    data = torch.utils.data.DataLoader(list(range(8)), num_workers=2)\n"
-          "    assert sorted(int(x) for x in data) == list(range(8))\n"
+          "def step(ctx):\n" +
+          kDataLoaderWithWorkers +
           "    return _baseline['step'](ctx)\n");
   const std::vector<std::string> threads = {"run", "--python-step", step, "--findings-of",
                                             "baseline", "-s", "dist/5-3/float32"};
