@@ -396,7 +396,15 @@ class _SFTRun(_TrainerRun):
     one over the scenario's vocabulary, built here: the dataset is already tokenized."""
 
     def _fixed(self):
-        return {"train_sampling_strategy": "sequential"}
+        # transformers 5.x's TrainingArguments field; 4.57.6 has none and always samples at
+        # random (4.57.6 trainer.py:1053-1080): _constructed then serves in order.
+        if self._sequential_field():
+            return {"train_sampling_strategy": "sequential"}
+        return {}
+
+    def _sequential_field(self):
+        return "train_sampling_strategy" in {f.name for f in
+                                             dataclasses.fields(self.recipe.config_class)}
 
     def _dataset(self):
         import datasets
@@ -406,12 +414,14 @@ class _SFTRun(_TrainerRun):
         per_rank = self.steps * self.accumulation_steps
         placeholder = [0] * length
         input_ids, labels = [], []
+        self._own = []  # this rank's places in the dataset, in the order it trains on them
         for g in range(per_rank * self.dp_size):
             k, owner = divmod(g, self.dp_size)
             if owner != self.dp_rank:
                 input_ids += [placeholder] * batch
                 labels += [placeholder] * batch
                 continue
+            self._own += range(len(input_ids), len(input_ids) + batch)
             micro = self.ctx.batches_of(k // self.accumulation_steps)[k % self.accumulation_steps]
             for row in range(batch):
                 shifted = micro["labels"][row]
@@ -451,6 +461,32 @@ class _SFTRun(_TrainerRun):
                                                               len(dropped)))
         own = trainer.data_collator
         trainer.data_collator = lambda features: self.collate(features, own)
+        if not self._sequential_field():
+            # No sequential sampler to ask for: the dataset SFTTrainer prepared is served to
+            # its sampler in this rank's order, whatever index it asks for, as _Dataset does
+            # for Trainer. SFTTrainer's preparation has run; the feeding proof still checks
+            # every step.
+            trainer.train_dataset = _InOrder(trainer.train_dataset, self._own, self.dp_rank)
+
+
+class _InOrder(torch.utils.data.Dataset):
+    """A prepared dataset served in a fixed order of its rows, whatever index is asked for;
+    as long as the whole dataset, so that a sampler and accelerate's sharding give each rank
+    as many samples as they would."""
+
+    def __init__(self, prepared, order, rank):
+        self._prepared, self._order, self._rank, self._next = prepared, order, rank, 0
+
+    def __len__(self):
+        return len(self._prepared)
+
+    def __getitem__(self, index):
+        if self._next >= len(self._order):
+            raise RuntimeError("SFTTrainer asked rank %d for more samples than the scenario's "
+                               "steps hold" % self._rank)
+        row = self._prepared[self._order[self._next]]
+        self._next += 1
+        return row
 
 
 def make_step(recipe):
@@ -478,7 +514,9 @@ def load_trainer(target, args, module_name, framework="transformers"):
             import trl  # noqa: F401
     except ImportError as error:
         where = ("scripts/install-deps.sh installs TRL in .venv/trl-1.16.0 "
-                 "(requirements-trl.txt): put it first on PYTHONPATH"
+                 "(requirements-trl.txt; beside transformers 4.57.6, "
+                 ".venv/trl-1.16.0-transformers-4.57.6 before .venv/transformers-4.57.6): "
+                 "put it first on PYTHONPATH"
                  if framework == "trl" else
                  "scripts/install-deps.sh installs requirements.txt's pins")
         raise ImportError("--recipe %s:%s: %s does not import here (%s); %s"

@@ -54,11 +54,34 @@ else
 fi
 
 # Overlays: a few packages in a folder of their own inside the environment, put first on
-# PYTHONPATH by the runs that judge them (each requirements file says why). pip check cannot
-# see a --target folder, so an import check proves each overlay's pins load beside the
-# environment's other packages; a stamp file records which pins the folder holds.
-install_overlay() {  # install_overlay FOLDER REQUIREMENTS CHECK-PROGRAM
-  local overlay="$venv/$1" requirements=$2 check=$3
+# PYTHONPATH by the runs that judge them (each requirements file says why), before the
+# overlay they stand beside, if any. pip check cannot see a --target folder, so two checks
+# stand in for it: every requirement of every package in the folder (its metadata's
+# Requires-Dist, extras aside, markers evaluated) is met by what that PYTHONPATH imports, and
+# an import check loads the overlay's pins beside the environment's other packages. A stamp
+# file records which pins the folder holds.
+overlay_requirements_met='
+import importlib.metadata as metadata, sys
+from packaging.requirements import Requirement
+unmet = []
+for dist in metadata.distributions(path=[sys.argv[1]]):
+    for text in dist.requires or []:
+        need = Requirement(text)
+        if need.marker is not None and not need.marker.evaluate({"extra": ""}):
+            continue
+        try:
+            have = metadata.version(need.name)
+        except metadata.PackageNotFoundError:
+            have = None
+        if have is None or not need.specifier.contains(have, prereleases=True):
+            unmet.append("%s %s needs %s, has %s" % (dist.metadata["Name"], dist.version,
+                                                      need, have or "none"))
+if unmet:
+    sys.exit("install-deps: " + sys.argv[1] + ": unmet requirements:\n  " + "\n  ".join(unmet))
+'
+install_overlay() {  # install_overlay FOLDER REQUIREMENTS CHECK-PROGRAM [BESIDE-FOLDER]
+  local overlay="$venv/$1" requirements=$2 check=$3 path="$venv/$1"
+  if [ -n "${4:-}" ]; then path="$overlay:$venv/$4"; fi
   if cmp -s "$requirements" "$overlay/gradnorm-requirements.txt"; then
     echo "install-deps: $overlay already holds $requirements"
     return
@@ -66,7 +89,8 @@ install_overlay() {  # install_overlay FOLDER REQUIREMENTS CHECK-PROGRAM
   rm -rf "$overlay"
   "$venv/bin/python" -m pip install --quiet --no-deps --disable-pip-version-check \
     --target "$overlay" -r "$requirements"
-  PYTHONPATH="$overlay" "$venv/bin/python" -c "$check"
+  PYTHONPATH="$path" "$venv/bin/python" -c "$overlay_requirements_met" "$overlay"
+  PYTHONPATH="$path" "$venv/bin/python" -c "$check"
   cp "$requirements" "$overlay/gradnorm-requirements.txt"
 }
 
@@ -92,3 +116,16 @@ assert trl.__version__ == "1.16.0", trl.__version__
 from trl import SFTTrainer, SFTConfig  # noqa: F401
 print("install-deps: trl", trl.__version__, "with datasets", datasets.__version__,
       "pyarrow", pyarrow.__version__, "and transformers", transformers.__version__)'
+
+# TRL 1.16.0 beside transformers 4.57.6: after install_overlay transformers-4.57.6, which it
+# stands beside.
+install_overlay trl-1.16.0-transformers-4.57.6 requirements-trl-transformers4.txt '
+import warnings
+warnings.filterwarnings("ignore")  # torchao 0.15 warns that its C++ extensions do not match
+import trl, datasets, pyarrow, transformers
+assert trl.__version__ == "1.16.0", trl.__version__
+assert transformers.__version__ == "4.57.6", transformers.__version__
+from trl import SFTTrainer, SFTConfig  # noqa: F401
+print("install-deps: trl", trl.__version__, "with datasets", datasets.__version__,
+      "pyarrow", pyarrow.__version__, "and transformers", transformers.__version__)' \
+  transformers-4.57.6

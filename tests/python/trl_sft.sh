@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # ctest: TRL's SFTTrainer, unmodified (trl 1.16.0 from the folder requirements-trl.txt
-# installs, first on PYTHONPATH, beside the environment's transformers 5.18.0), judged on
+# installs, first on PYTHONPATH, beside the environment's transformers 5.18.0; and beside
+# transformers 4.57.6 and 5.17.0), judged on
 # catalogue scenarios with transformers' own LlamaForCausalLM: one device and 2 rank processes
 # over Gloo DDP; its dataset preparation dropping sequences with no valid label (and
 # max_length=None keeping them); average_tokens_across_devices off; the model without loss
@@ -13,11 +14,18 @@ gradnorm="$1"
 source_dir="$2"
 work="$3"
 python="${GRADNORM_PYTHON:?set it to the environment python, as ctest does}"
-overlay="$(dirname "$(dirname "$python")")/trl-1.16.0"
-if ! why=$(PYTHONPATH="$overlay" "$python" -W ignore -c 'import trl, transformers' 2>&1); then
-  echo "SKIP: TRL does not import in $python with $overlay: $(echo "$why" | tail -1)"
-  exit 77
-fi
+envdir="$(dirname "$(dirname "$python")")"
+overlay="$envdir/trl-1.16.0"
+# The same TRL beside transformers 4.57.6 and 5.17.0 (requirements-trl-transformers4.txt's
+# folder before 4.57.6's; requirements-trl.txt's before 5.17.0's).
+v4="$envdir/trl-1.16.0-transformers-4.57.6:$envdir/transformers-4.57.6"
+v517="$overlay:$envdir/transformers-5.17.0"
+for env in "$overlay" "$v4" "$v517"; do
+  if ! why=$(PYTHONPATH="$env" "$python" -W ignore -c 'import trl, transformers' 2>&1); then
+    echo "SKIP: TRL does not import in $python with $env: $(echo "$why" | tail -1)"
+    exit 77
+  fi
+done
 source "$(dirname "${BASH_SOURCE[0]}")/script_common.sh"
 export PYTHONPATH="$overlay"
 sft=trl/sft
@@ -71,6 +79,51 @@ row mine/accum2-ragged/float32 mine/mean-per-micro-batch fail mine.txt
 expect "step 0: gradients rel L2 error 1.16 > 1e-05" mine.txt
 row mine/accum2-empty-first/float32 mine/counts-valid-tokens pass mine.txt
 row mine/accum2-empty-first/float32 mine/mean-per-micro-batch pass mine.txt
+
+# TRL 1.16.0 beside transformers 4.57.6: 4.57.6 has no sequential sampler, so the rank's
+# samples are served in its order (_InOrder); SFTTrainer divides by 4.57.6's count, which
+# includes the label the shift drops (first label valid: rel. 0.333, one device and 2 ranks);
+# 4.57.6 rounds the logged loss to 4 decimals.
+PYTHONPATH="$v4" "$gradnorm" run --recipe trl:sft -s single/accum2-ragged/float32 \
+  -s first-valid/single/accum2-ragged/float32 --json v4.json > v4.txt 2>&1
+row hf_tiny_llama/single/accum2-ragged/float32 $sft pass v4.txt
+row hf_tiny_llama/first-valid/single/accum2-ragged/float32 $sft fail v4.txt
+expect "step 0: gradients rel L2 error 0.333 > 1e-05" v4.txt
+expect "trl 1.16.0's SFTTrainer (transformers 4.57.6), unmodified" v4.json
+PYTHONPATH="$v4" "$gradnorm" run --recipe trl:sft --recipe-arg max_length=None \
+  -s single/accum4-ragged/float32 > v4-nomax.txt 2>&1
+row hf_tiny_llama/single/accum4-ragged/float32 $sft fail v4-nomax.txt
+expect "step 0: logged loss 2.3841, oracle 2.38405716" v4-nomax.txt
+PYTHONPATH="$v4" "$gradnorm" run --recipe trl:sft --nproc 2 -s dist/5-3/float32 \
+  -s first-valid/dist/5-3/float32 > v4-dist.txt 2>&1
+row hf_tiny_llama/dist/5-3/float32 $sft pass v4-dist.txt
+row hf_tiny_llama/first-valid/dist/5-3/float32 $sft fail v4-dist.txt
+expect "every rank: step 0: gradients rel L2 error 0.333 > 1e-05" v4-dist.txt
+# Negative control of the feeding proof on that path: an SFTTrainer that swaps the sequences
+# of each micro-batch it is given is an error, not a verdict.
+cat > swapped.py <<'PY'
+import torch
+from trl import SFTTrainer
+
+
+class SwapsSequences(SFTTrainer):
+    def training_step(self, model, inputs, num_items_in_batch=None):
+        inputs = {k: v.flip(0) if torch.is_tensor(v) else v for k, v in inputs.items()}
+        return super().training_step(model, inputs, num_items_in_batch)
+PY
+PYTHONPATH="$v4" "$gradnorm" run --recipe "trl:$work/swapped.py:SwapsSequences" \
+  -s single/accum2-ragged/float32 > v4-swapped.txt 2>&1
+row hf_tiny_llama/single/accum2-ragged/float32 trl/swapped.SwapsSequences error-mismatch v4-swapped.txt
+expect "the model was given input_ids that are not this window's micro-batches in order" v4-swapped.txt
+
+# TRL 1.16.0 beside transformers 5.17.0: 5.18.0's verdicts.
+PYTHONPATH="$v517" "$gradnorm" run --recipe trl:sft -s first-valid/single/accum2-ragged/float32 \
+  --json v517.json > v517.txt 2>&1
+row hf_tiny_llama/first-valid/single/accum2-ragged/float32 $sft pass v517.txt
+expect "trl 1.16.0's SFTTrainer (transformers 5.17.0), unmodified" v517.json
+PYTHONPATH="$v517" "$gradnorm" run --recipe trl:sft --nproc 2 -s first-valid/dist/5-3/float32 \
+  > v517-dist.txt 2>&1
+row hf_tiny_llama/first-valid/dist/5-3/float32 $sft pass v517-dist.txt
 
 # Bad input: exit 2 before anything runs.
 "$gradnorm" run --recipe trl:sft --recipe-arg train_sampling_strategy=random -s single/n3/float32 \
