@@ -714,6 +714,7 @@ harness::VariantSpec make_recipe_variant(const RecipeVariant& variant) {
   spec.role = harness::Role::candidate;
   spec.reference = variant.reference;
   spec.summary = fmt::format("{}, unmodified ({})", what_runs, loaded.file);
+  spec.runs = what_runs;
   bind_step(spec, loaded, variant.findings_of);
   return spec;
 }

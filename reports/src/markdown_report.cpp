@@ -25,6 +25,11 @@ std::string render_markdown(const oracles::Evaluation& evaluation,
   out += fmt::format("LibTorch {}, ranks as {}, {} intra-op thread(s), deterministic algorithms {}.\n\n",
                      settings.torch_version, settings.transport, settings.intra_op_threads,
                      settings.deterministic_algorithms ? "on" : "off");
+  std::string judged;  // which framework code ran, and its version
+  for (const auto& [name, runs] : framework_code(evaluation)) {
+    judged += fmt::format("- `{}` is {}, unmodified\n", detail::markdown_cell(name), detail::markdown_cell(runs));
+  }
+  if (!judged.empty()) out += judged + "\n";
   const std::string closing =
       "\nEvery row's figures (errors against the oracle, ULP distances, digests, reasons) are "
       "in the JSON report (`--json`) and the JUnit file (`--junit`).\n";

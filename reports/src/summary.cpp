@@ -1,3 +1,5 @@
+#include <set>
+
 #include "gradnorm/reports/report.hpp"
 
 namespace gradnorm::reports {
@@ -16,6 +18,17 @@ void count_row(Summary& s, const oracles::EvaluationRow& row) {
     if (row.met) ++s.controls_caught;
   }
   if (row.expectation == oracles::Expectation::finding && row.met) ++s.findings;
+}
+
+std::vector<std::pair<std::string, std::string>> framework_code(const oracles::Evaluation& evaluation) {
+  std::vector<std::pair<std::string, std::string>> out;
+  std::set<std::string> seen;
+  for (const oracles::EvaluationRow& row : evaluation.rows) {
+    if (!row.variant.runs.empty() && seen.insert(row.variant.name).second) {
+      out.emplace_back(row.variant.name, row.variant.runs);
+    }
+  }
+  return out;
 }
 
 Summary summarize(const oracles::Evaluation& evaluation) {

@@ -38,6 +38,11 @@ std::string render_table(const oracles::Evaluation& evaluation) {
     for (const std::string& reason : row.verdict.reasons) out += fmt::format("    - {}\n", reason);
     if (row.verdict.reasons.empty()) out += fmt::format("    - outcome: {}\n", row.verdict.outcome);
   }
+  std::string judged;  // which framework code ran, and its version
+  for (const auto& [name, runs] : framework_code(evaluation)) {
+    judged += fmt::format("{} is {}, unmodified\n", name, runs);
+  }
+  if (!judged.empty()) out += "\n" + judged;
   const Summary s = summarize(evaluation);
   out += fmt::format(
       "\n{} rows: {} pass, {} fail, {} expected-error, {} error-mismatch; negative controls "

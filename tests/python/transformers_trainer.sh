@@ -32,7 +32,7 @@ nk=python:$source_dir/examples/transformers/tiny_llama.py:hf_tiny_llama_no_loss_
 # on zero gradients.
 "$gradnorm" run --recipe transformers:trainer -s single/accum2-ragged/float32 \
   -s first-valid/single/accum2-ragged/float32 -s single/clip-zero/float32 \
-  -s single/all-masked-mean_ce/float32 --json v5.json > v5.txt 2>&1
+  -s single/all-masked-mean_ce/float32 --json v5.json --markdown v5.md > v5.txt 2>&1
 echo "v5: exit $?" >> v5.txt
 row hf_tiny_llama/single/accum2-ragged/float32 $trainer pass v5.txt
 row hf_tiny_llama/first-valid/single/accum2-ragged/float32 $trainer pass v5.txt
@@ -40,6 +40,8 @@ row hf_tiny_llama/single/clip-zero/float32 $trainer fail v5.txt
 row hf_tiny_llama/single/all-masked-mean_ce/float32 $trainer error-mismatch v5.txt
 expect "v5: exit 1" v5.txt
 expect "transformers 5.18.0's Trainer, unmodified" v5.json
+expect "transformers/trainer is transformers 5.18.0's Trainer, unmodified" v5.txt
+expect "- \`transformers/trainer\` is transformers 5.18.0's Trainer, unmodified" v5.md
 # The model without loss kwargs: each micro-batch's mean divided by the accumulation steps.
 "$gradnorm" run --recipe transformers:trainer --recipe-model "$nk" -s single/accum2-ragged/float32 \
   > v5-nk.txt 2>&1
@@ -66,6 +68,7 @@ expect "step 0: gradients rel L2 error 0.333 > 1e-05" v4.txt
 row hf_tiny_llama/single/accum4-ragged/float32 $trainer fail v4.txt
 expect "step 0: logged loss 2.3841, oracle 2.38405716" v4.txt
 expect "transformers 4.57.6's Trainer, unmodified" v4.json
+expect "transformers/trainer is transformers 4.57.6's Trainer, unmodified" v4.txt
 PYTHONPATH="$v4" "$gradnorm" run --recipe transformers:trainer --nproc 2 -s dist/5-3/float32 \
   -s first-valid/dist/5-3/float32 > v4-dist.txt 2>&1
 row hf_tiny_llama/dist/5-3/float32 $trainer pass v4-dist.txt
@@ -78,6 +81,7 @@ PYTHONPATH="$v517" "$gradnorm" run --recipe transformers:trainer -s single/accum
 row hf_tiny_llama/single/accum4-ragged/float32 $trainer pass v517.txt
 row hf_tiny_llama/first-valid/single/accum2-ragged/float32 $trainer pass v517.txt
 expect "transformers 5.17.0's Trainer, unmodified" v517.json
+expect "transformers/trainer is transformers 5.17.0's Trainer, unmodified" v517.txt
 PYTHONPATH="$v517" "$gradnorm" run --recipe transformers:trainer --nproc 2 \
   -s first-valid/dist/5-3/float32 > v517-dist.txt 2>&1
 row hf_tiny_llama/first-valid/dist/5-3/float32 $trainer pass v517-dist.txt

@@ -90,6 +90,7 @@ row hf_tiny_llama/single/accum2-ragged/float32 $sft pass v4.txt
 row hf_tiny_llama/first-valid/single/accum2-ragged/float32 $sft fail v4.txt
 expect "step 0: gradients rel L2 error 0.333 > 1e-05" v4.txt
 expect "trl 1.16.0's SFTTrainer (transformers 4.57.6), unmodified" v4.json
+expect "trl/sft is trl 1.16.0's SFTTrainer (transformers 4.57.6), unmodified" v4.txt
 PYTHONPATH="$v4" "$gradnorm" run --recipe trl:sft --recipe-arg max_length=None \
   -s single/accum4-ragged/float32 > v4-nomax.txt 2>&1
 row hf_tiny_llama/single/accum4-ragged/float32 $sft fail v4-nomax.txt

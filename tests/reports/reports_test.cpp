@@ -373,6 +373,29 @@ TEST(TableReport, SpellsOutNanAndSaturatedUlps) {
   EXPECT_NE(control.find("caught"), std::string::npos) << control;
 }
 
+// A framework's own code (VariantSpec::runs) is named, with its version, by the table and
+// the Markdown, once per variant, beside the summary; gradnorm's own steps are not.
+TEST(TableReport, NamesTheFrameworkCodeThatRanAndItsVersionOncePerVariant) {
+  oracles::Evaluation evaluation = hand_built_evaluation();
+  const std::string table_before = reports::render_table(evaluation);
+  const std::string markdown_before = reports::render_markdown(evaluation, fixed_settings());
+  // Negative control: the hand-built rows run no framework code, and nothing is named.
+  EXPECT_EQ(table_before.find(", unmodified"), std::string::npos) << table_before;
+  EXPECT_EQ(markdown_before.find(", unmodified"), std::string::npos) << markdown_before;
+  EXPECT_TRUE(reports::framework_code(evaluation).empty());
+  for (oracles::EvaluationRow& row : evaluation.rows) {
+    if (row.variant.name == "baseline") row.variant.runs = "transformers 9.1.0's Trainer";
+  }
+  const std::string table = reports::render_table(evaluation);
+  const std::string line = "baseline is transformers 9.1.0's Trainer, unmodified\n";
+  ASSERT_NE(table.find(line), std::string::npos) << table;
+  EXPECT_EQ(table.find(line), table.rfind(line)) << "named once however many rows: " << table;
+  EXPECT_LT(table.find(line), table.find(" rows: ")) << "before the summary line: " << table;
+  const std::string markdown = reports::render_markdown(evaluation, fixed_settings());
+  EXPECT_TRUE(contains(markdown, "- `baseline` is transformers 9.1.0's Trainer, unmodified\n"))
+      << markdown;
+}
+
 TEST(ReportDeterminism, SameEvaluationSameBytes) {
   const oracles::Evaluation evaluation = hand_built_evaluation();
   EXPECT_EQ(reports::render_table(evaluation), reports::render_table(hand_built_evaluation()));

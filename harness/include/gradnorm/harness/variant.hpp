@@ -71,6 +71,9 @@ struct VariantSpec {
   // The variant whose error behaviour this one must match; its own name for a reference.
   std::string reference{};
   std::string summary{};         // one line: what the step does to the normalisation
+  // A framework's own code (--recipe): what runs and its installed version ("transformers
+  // 5.18.0's Trainer"), named by the table and the Markdown report; empty for other steps.
+  std::string runs{};
   std::vector<Citation> cites{}; // the recipe lines it transcribes (or changes)
   TrainedModel trains = TrainedModel::scenario_model;
   // What the recipe optimises per token; knowledge_distillation gives the step a frozen

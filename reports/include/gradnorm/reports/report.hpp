@@ -5,6 +5,8 @@
 #include <nlohmann/json_fwd.hpp>
 
 #include <string>
+#include <utility>
+#include <vector>
 
 #include "gradnorm/harness/determinism.hpp"
 #include "gradnorm/oracles/evaluation.hpp"
@@ -28,6 +30,11 @@ struct Summary {
 [[nodiscard]] Summary summarize(const oracles::Evaluation& evaluation);
 // Adds one row to a summary (summarize is this over every row; the Markdown tallies per variant).
 void count_row(Summary& summary, const oracles::EvaluationRow& row);
+
+// The variants that run a framework's own code, in first-seen order: (name, what runs and
+// its version, VariantSpec::runs). The table and the Markdown name them.
+[[nodiscard]] std::vector<std::pair<std::string, std::string>> framework_code(
+    const oracles::Evaluation& evaluation);
 
 // A fixed-width table, one line per row, then the reasons of every unexpected row and a
 // summary line. No colour, no timestamps.
