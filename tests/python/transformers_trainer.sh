@@ -112,6 +112,12 @@ PY
   > swapped.txt 2>&1
 row hf_tiny_llama/single/n3/float32 transformers/swapped.SwapsSequences error-mismatch swapped.txt
 expect "the model was given input_ids that are not this window's micro-batches in order" swapped.txt
+# The same on 2 rank processes: each rank's proof names that rank.
+"$gradnorm" run --recipe "transformers:$work/swapped.py:SwapsSequences" --nproc 2 \
+  -s dist/5-3/float32 > swapped-dist.txt 2>&1
+row hf_tiny_llama/dist/5-3/float32 transformers/swapped.SwapsSequences error-mismatch swapped-dist.txt
+expect "rank 0: raised RuntimeError (rank 0 step 0: the model was given input_ids" swapped-dist.txt
+expect "rank 1: raised RuntimeError (rank 1 step 0: the model was given input_ids" swapped-dist.txt
 
 # Bad input: exit 2 before anything runs.
 "$gradnorm" run --recipe transformers:trainer --recipe-arg max_grad_norm=1.0 -s single/n3/float32 \
