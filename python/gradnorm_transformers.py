@@ -509,10 +509,16 @@ def load_trainer(target, args, module_name, framework="transformers"):
     """(file, step function, cannot_run, objective, what runs) for --recipe transformers:TARGET
     or --recipe trl:TARGET."""
     try:
-        import transformers  # noqa: F401
+        import transformers
+        transformers.Trainer  # noqa: B018 (imported lazily: Trainer's own imports run here)
         if framework == "trl":
-            import trl  # noqa: F401
-    except ImportError as error:
+            import trl
+            trl.SFTTrainer  # noqa: B018 (the same)
+    except (ImportError, RuntimeError) as error:
+        # A lazy import wraps what failed in a RuntimeError: name the first cause.
+        while error.__cause__ is not None:
+            error = error.__cause__
+        error = "%s: %s" % (type(error).__name__, error)
         where = ("scripts/install-deps.sh installs TRL in .venv/trl-1.16.0 "
                  "(requirements-trl.txt; beside transformers 4.57.6, "
                  ".venv/trl-1.16.0-transformers-4.57.6 before .venv/transformers-4.57.6): "

@@ -144,4 +144,12 @@ PYTHONPATH= "$gradnorm" run --recipe trl:sft -s single/n3/float32 > absent.txt 2
 echo "absent: exit $?" >> absent.txt
 expect "trl does not import here" absent.txt
 expect "absent: exit 2" absent.txt
+# The TRL folder made for 5.x beside 4.57.6: trl imports lazily, and its trainer's import fails
+# (datasets 5.2.0 needs huggingface_hub 1.x): exit 2 naming the cause and the folder to use.
+PYTHONPATH="$overlay:$envdir/transformers-4.57.6" "$gradnorm" run --recipe trl:sft \
+  -s single/n3/float32 > mixed.txt 2>&1
+echo "mixed: exit $?" >> mixed.txt
+expect "trl does not import here (ImportError: cannot import name" mixed.txt
+expect ".venv/trl-1.16.0-transformers-4.57.6 before .venv/transformers-4.57.6" mixed.txt
+expect "mixed: exit 2" mixed.txt
 exit $failed
