@@ -97,6 +97,24 @@ expect "step 0: gradients rel L2 error 1.16 > 1e-05" mine.txt
 row mine/accum2-ragged/float32 mine/skip-empty pass mine.txt
 row mine/accum2-empty-first/float32 mine/skip-empty pass mine.txt
 
+# A pull request that swaps Trainer's loss for a per-micro-batch mean, under one name: gradnorm
+# diff names the regression and a command that reproduces it, which runs as printed (the row's
+# scenario as the run reports it, hf_tiny_llama/...) and fails the same row.
+"$gradnorm" run -q --recipe transformers:trainer --name hf/step -s single/accum2-ragged/float32 \
+  -s single/n3/float32 --json base.json > base.txt 2>&1
+"$gradnorm" run -q --recipe "transformers:$mine:mean_token_loss" --name hf/step \
+  -s single/accum2-ragged/float32 -s single/n3/float32 --json head.json > head.txt 2>&1
+"$gradnorm" diff base.json head.json --markdown comment.md > diff.txt 2>&1
+echo "diff: exit $?" >> diff.txt
+expect "diff: exit 1" diff.txt
+expect "gradnorm: 1 regression" comment.md
+reproduce=$(sed -n 's/.*reproduce: `\(gradnorm run [^`]*\)`.*/\1/p' comment.md)
+expect "-s hf_tiny_llama/single/accum2-ragged/float32 -v hf/step" <(echo "$reproduce")
+eval "\"\$gradnorm\" ${reproduce#gradnorm }" > reproduce.txt 2>&1
+echo "reproduce: exit $?" >> reproduce.txt
+row hf_tiny_llama/single/accum2-ragged/float32 hf/step fail reproduce.txt
+expect "reproduce: exit 1" reproduce.txt
+
 # Negative control of the feeding proof: a Trainer that swaps the sequences of each
 # micro-batch it is given trains on what the scenario never gave: an error naming the rank.
 cat > swapped.py <<'PY'

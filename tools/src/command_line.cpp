@@ -246,9 +246,10 @@ std::vector<std::string> declare_steps(const PythonStepOptions& cli_step,
   return names;
 }
 
-std::vector<scenarios::Scenario> with_recipe_model(std::vector<scenarios::Scenario> list,
-                                                   const PythonStepOptions& step, bool recipes) {
-  if (!recipes) return list;
+namespace {
+
+// The model a --recipe substitutes for built-in ones, as a scenario's model fields.
+scenarios::Scenario recipe_model_probe(const PythonStepOptions& step) {
   const std::string spec =
       step.recipe_model.empty() ? python::default_recipe_model(step.recipe) : step.recipe_model;
   scenarios::Scenario probe;
@@ -268,6 +269,25 @@ std::vector<scenarios::Scenario> with_recipe_model(std::vector<scenarios::Scenar
     throw scenarios::InvalidInput(fmt::format(
         "--recipe-model '{}': expected python:FILE.py:FUNCTION (the framework's module)", spec));
   }
+  return probe;
+}
+
+}  // namespace
+
+std::vector<std::string> recipe_scenario_patterns(std::vector<std::string> patterns,
+                                                  const PythonStepOptions& step) {
+  if (step.recipe.empty()) return patterns;
+  const std::string prefix = recipe_model_probe(step).model_function + "/";
+  for (std::string& pattern : patterns) {
+    if (pattern.size() > prefix.size() && pattern.rfind(prefix, 0) == 0) pattern.erase(0, prefix.size());
+  }
+  return patterns;
+}
+
+std::vector<scenarios::Scenario> with_recipe_model(std::vector<scenarios::Scenario> list,
+                                                   const PythonStepOptions& step, bool recipes) {
+  if (!recipes) return list;
+  const scenarios::Scenario probe = recipe_model_probe(step);
   std::vector<scenarios::Scenario> out;
   std::size_t left_out = 0;
   for (scenarios::Scenario s : list) {

@@ -85,6 +85,11 @@ std::vector<std::string> declare_steps(const PythonStepOptions& cli_step,
 // logits are float32). Other models stay, and the recipe says why it cannot run them.
 [[nodiscard]] std::vector<scenarios::Scenario> with_recipe_model(std::vector<scenarios::Scenario> list,
                                                                  const PythonStepOptions& step, bool recipes);
+// -s patterns for a --recipe run: a pattern naming a scenario as the run reports it,
+// FUNCTION/NAME (what `gradnorm diff` prints to reproduce a row), selects NAME, which
+// with_recipe_model then renames so. Other patterns, and every pattern without --recipe, stay.
+[[nodiscard]] std::vector<std::string> recipe_scenario_patterns(std::vector<std::string> patterns,
+                                                                const PythonStepOptions& step);
 
 // Each adds its subcommand (its options, help and footer naming its page of the guide).
 [[nodiscard]] std::unique_ptr<Subcommand> add_run_command(CLI::App& app, int argc, char** argv);

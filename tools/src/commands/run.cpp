@@ -382,7 +382,9 @@ bool run_has_recipe(const RunOptions& options) {
 int run_command(const RunOptions& options, int argc, char** argv) {
   const bool recipes = run_has_recipe(options);
   auto scenario_list = with_recipe_model(
-      pick_scenarios(options.scenario_patterns, options.scenario_files), options.python_step, recipes);
+      pick_scenarios(recipe_scenario_patterns(options.scenario_patterns, options.python_step),
+                     options.scenario_files),
+      options.python_step, recipes);
   // Before anything runs: a report path that cannot or must not be written is an input error.
   check_report_paths(options.given_reports, run_inputs(options, scenario_list));
   remove_partial_reports_on_signals();
