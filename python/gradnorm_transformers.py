@@ -23,8 +23,11 @@ gets, all through its constructor and its ``TrainingArguments``:
   (``on_log``, what ``state.log_history`` receives) and hands control back to gradnorm
   after each step's log.
 
-Gradient accumulation, batch size, steps, seed and clipping follow the scenario
-(``_OWNED``); ``--recipe-arg KEY=VALUE`` sets any other ``TrainingArguments`` field. On W
+Gradient accumulation, batch size, steps and seed follow the scenario (``_OWNED``);
+``--recipe-arg KEY=VALUE`` sets any other ``TrainingArguments`` field. Clipping is the
+scenario's too: ``--recipe-arg max_grad_norm=V`` on the command line makes every scenario clip
+to V (tools/src/command_line.cpp, with_recipe_model), and a max_grad_norm that disagrees with
+the scenario (a scenario file's recipe_args) leaves the pair out, saying so. On W
 rank processes the harness's Gloo group is torch.distributed's default group; accelerate
 finds it initialised and uses it, and Trainer wraps the model in DDP over it. The run is
 checked to be distributed (accelerate's world size and distributed type) before it trains.
@@ -50,7 +53,6 @@ _OWNED = {
     "per_device_train_batch_size": "micro_batch_size",
     "gradient_accumulation_steps": "accumulation_steps",
     "max_steps": "steps", "num_train_epochs": "steps", "seed": "seed", "data_seed": "seed",
-    "max_grad_norm": "clip_max_norm (0 or none: Trainer does not clip)",
     "learning_rate": "learning_rate (the harness's optimizer steps)",
     "optim": "optimizer", "weight_decay": "weight_decay", "lr_scheduler_type": "(a constant rate)",
     "use_cpu": "(gradnorm runs on the CPU)", "ddp_backend": "(the harness's Gloo group)",
@@ -171,6 +173,14 @@ class TrainerRecipe:
         if scenario["loss"] != "mean_ce":
             return ("Trainer's loss is the model's own cross-entropy (or a compute_loss_func), "
                     "not the scenario's %s" % scenario["loss"])
+        if "max_grad_norm" in self.overrides:
+            clip = scenario["clip_max_norm"]
+            given = self.overrides["max_grad_norm"]
+            if not isinstance(given, (int, float)) or float(given) != (0.0 if clip is None else clip):
+                return ("max_grad_norm=%r would clip where the scenario %s: give the scenario "
+                        "clip_max_norm = %r, or --recipe-arg max_grad_norm on the command line "
+                        "(every scenario then clips to it)"
+                        % (given, "does not clip" if clip is None else "clips to %r" % clip, given))
         if scenario["world_size"] > 1 and not _gt._process_is_initialized():
             return ("Trainer on W ranks needs a torch.distributed process group, which "
                     "gradnorm's ranks have only as processes: run it with --nproc W (rank "

@@ -137,11 +137,55 @@ row hf_tiny_llama/dist/5-3/float32 transformers/swapped.SwapsSequences error-mis
 expect "rank 0: raised RuntimeError (rank 0 step 0: the model was given input_ids" swapped-dist.txt
 expect "rank 1: raised RuntimeError (rank 1 step 0: the model was given input_ids" swapped-dist.txt
 
+# --recipe-arg max_grad_norm=V: Trainer clips to V and so does every scenario judged, named
+# for it; one device and 2 ranks pass with the clip active (the unclipped gradients are about
+# 176 times the clipped ones on single/n3). Negative control: a Trainer subclass that turns
+# clipping off fails (rel. 176). The reproduce form of the name selects the same scenario.
+"$gradnorm" run --recipe transformers:trainer --recipe-arg max_grad_norm=0.01 \
+  -s single/n3/float32 -s single/accum2-ragged/float32 > clip.txt 2>&1
+row "hf_tiny_llama/single/n3/float32@max_grad_norm=0.01" $trainer pass clip.txt
+row "hf_tiny_llama/single/accum2-ragged/float32@max_grad_norm=0.01" $trainer pass clip.txt
+"$gradnorm" run --recipe transformers:trainer --recipe-arg max_grad_norm=0.01 --nproc 2 \
+  -s "hf_tiny_llama/dist/5-3/float32@max_grad_norm=0.01" > clip-dist.txt 2>&1
+row "hf_tiny_llama/dist/5-3/float32@max_grad_norm=0.01" $trainer pass clip-dist.txt
+cat > noclip.py <<'PY'
+from transformers import Trainer
+
+
+class NeverClips(Trainer):
+    def __init__(self, *args, **kwargs):
+        super().__init__(*args, **kwargs)
+        self.args.max_grad_norm = 0.0
+PY
+"$gradnorm" run --recipe "transformers:$work/noclip.py:NeverClips" --recipe-arg max_grad_norm=0.01 \
+  -s single/n3/float32 > noclip.txt 2>&1
+row "hf_tiny_llama/single/n3/float32@max_grad_norm=0.01" transformers/noclip.NeverClips fail noclip.txt
+expect "step 0: gradients rel L2 error 176 > 1e-05" noclip.txt
+# A scenario file's recipe_args that clip otherwise than its scenario: the pair is left out.
+cat > clipfile.toml <<TOML
+[[variant]]
+name = "mine/clips"
+recipe = "transformers:trainer"
+recipe_args = ["max_grad_norm=0.5"]
+
+[[scenario]]
+name = "mine/n3/float32"
+valid_tokens = [[3]]
+model = "python:$source_dir/examples/transformers/tiny_llama.py:hf_tiny_llama"
+TOML
+"$gradnorm" run -f clipfile.toml > clipfile.txt 2>&1
+expect "max_grad_norm=0.5 would clip where the scenario does not clip" clipfile.txt
+
 # Bad input: exit 2 before anything runs.
-"$gradnorm" run --recipe transformers:trainer --recipe-arg max_grad_norm=1.0 -s single/n3/float32 \
-  > owned.txt 2>&1
+"$gradnorm" run --recipe transformers:trainer --recipe-arg max_grad_norm=-1 -s single/n3/float32 \
+  > negative-clip.txt 2>&1
+echo "negative-clip: exit $?" >> negative-clip.txt
+expect "--recipe-arg max_grad_norm=-1: max_grad_norm is a number >= 0" negative-clip.txt
+expect "negative-clip: exit 2" negative-clip.txt
+"$gradnorm" run --recipe transformers:trainer --recipe-arg gradient_accumulation_steps=4 \
+  -s single/n3/float32 > owned.txt 2>&1
 echo "owned: exit $?" >> owned.txt
-expect "--recipe-arg max_grad_norm: the scenario decides max_grad_norm" owned.txt
+expect "--recipe-arg gradient_accumulation_steps: the scenario decides gradient_accumulation_steps" owned.txt
 expect "owned: exit 2" owned.txt
 "$gradnorm" run --recipe transformers:trainer --recipe-arg no_such_field=1 -s single/n3/float32 \
   > unknown.txt 2>&1

@@ -272,6 +272,42 @@ scenarios::Scenario recipe_model_probe(const PythonStepOptions& step) {
   return probe;
 }
 
+constexpr std::string_view kClipSuffix = "@max_grad_norm=";
+
+std::string_view trimmed(std::string_view text) {
+  const auto first = text.find_first_not_of(" \t");
+  if (first == std::string_view::npos) return {};
+  return text.substr(first, text.find_last_not_of(" \t") - first + 1);
+}
+
+// Trainer's and SFTTrainer's --recipe-arg max_grad_norm=V: the value as given and as a
+// number, or nothing where it is not given. Trainer clips to V where V > 0 and not at all
+// where V is 0 (TrainingArguments' documented meaning), so the scenario the oracle judges
+// clips to V, or not at all.
+std::optional<std::pair<std::string, double>> recipe_max_grad_norm(const PythonStepOptions& step) {
+  if (step.recipe.rfind("transformers:", 0) != 0 && step.recipe.rfind("trl:", 0) != 0) return std::nullopt;
+  std::optional<std::pair<std::string, double>> found;
+  for (const std::string& arg : step.recipe_args) {
+    const auto equals = arg.find('=');
+    if (equals == std::string::npos || trimmed(std::string_view(arg).substr(0, equals)) != "max_grad_norm") {
+      continue;
+    }
+    const std::string text(trimmed(std::string_view(arg).substr(equals + 1)));
+    double value = 0;
+    const auto [end, error] = std::from_chars(text.data(), text.data() + text.size(), value);
+    if (text.empty() || error != std::errc() || end != text.data() + text.size() || !std::isfinite(value) ||
+        value < 0) {
+      throw scenarios::InvalidInput(fmt::format(
+          "--recipe-arg {}: max_grad_norm is a number >= 0 (0: Trainer does not clip), the norm the "
+          "gradients are clipped to; the scenarios judged clip to it too",
+          arg));
+    }
+    if (found) throw scenarios::InvalidInput("--recipe-arg max_grad_norm is given twice");
+    found.emplace(text, value);
+  }
+  return found;
+}
+
 }  // namespace
 
 std::vector<std::string> recipe_scenario_patterns(std::vector<std::string> patterns,
@@ -280,6 +316,7 @@ std::vector<std::string> recipe_scenario_patterns(std::vector<std::string> patte
   const std::string prefix = recipe_model_probe(step).model_function + "/";
   for (std::string& pattern : patterns) {
     if (pattern.size() > prefix.size() && pattern.rfind(prefix, 0) == 0) pattern.erase(0, prefix.size());
+    if (const auto at = pattern.rfind(kClipSuffix); at != std::string::npos) pattern.erase(at);
   }
   return patterns;
 }
@@ -288,6 +325,7 @@ std::vector<scenarios::Scenario> with_recipe_model(std::vector<scenarios::Scenar
                                                    const PythonStepOptions& step, bool recipes) {
   if (!recipes) return list;
   const scenarios::Scenario probe = recipe_model_probe(step);
+  const auto max_grad_norm = recipe_max_grad_norm(step);
   std::vector<scenarios::Scenario> out;
   std::size_t left_out = 0;
   for (scenarios::Scenario s : list) {
@@ -300,6 +338,10 @@ std::vector<scenarios::Scenario> with_recipe_model(std::vector<scenarios::Scenar
       s.model_file = probe.model_file;
       s.model_function = probe.model_function;
       s.name = probe.model_function + "/" + s.name;
+    }
+    if (max_grad_norm) {  // named for it: the scenario's contract is no longer the catalogue's
+      s.clip_max_norm = max_grad_norm->second > 0 ? std::optional<double>(max_grad_norm->second) : std::nullopt;
+      s.name += std::string(kClipSuffix) + max_grad_norm->first;
     }
     out.push_back(std::move(s));
   }

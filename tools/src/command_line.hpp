@@ -85,9 +85,13 @@ std::vector<std::string> declare_steps(const PythonStepOptions& cli_step,
 // logits are float32). Other models stay, and the recipe says why it cannot run them.
 [[nodiscard]] std::vector<scenarios::Scenario> with_recipe_model(std::vector<scenarios::Scenario> list,
                                                                  const PythonStepOptions& step, bool recipes);
+// With Trainer or SFTTrainer, --recipe-arg max_grad_norm=V makes every scenario clip to V (V
+// = 0: no clipping, as Trainer reads it), named NAME@max_grad_norm=V; V must be a number >= 0.
+//
 // -s patterns for a --recipe run: a pattern naming a scenario as the run reports it,
-// FUNCTION/NAME (what `gradnorm diff` prints to reproduce a row), selects NAME, which
-// with_recipe_model then renames so. Other patterns, and every pattern without --recipe, stay.
+// FUNCTION/NAME[@max_grad_norm=V] (what `gradnorm diff` prints to reproduce a row), selects
+// NAME, which with_recipe_model then renames so. Other patterns, and every pattern without
+// --recipe, stay.
 [[nodiscard]] std::vector<std::string> recipe_scenario_patterns(std::vector<std::string> patterns,
                                                                 const PythonStepOptions& step);
 
