@@ -57,7 +57,9 @@ expect "documented findings reproduced 1; unexpected 0" qat.txt
 expect "qat: exit 0" qat.txt
 "$gradnorm" run --recipe torchtune:qat_lora_finetune_distributed --nproc 2 -s dist/5-3/float32 \
   > qat-lora.txt 2>&1
+echo "qat-lora: exit $?" >> qat-lora.txt
 expect "fake-quantises its linears from the first step" qat-lora.txt
+expect "qat-lora: exit 2" qat-lora.txt
 
 # fuzz --recipe: generated one-device scenarios on the recipe's model. It finds the first
 # label counted before the shift (first_label = "valid") and prints the smallest case.

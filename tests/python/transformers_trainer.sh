@@ -173,8 +173,13 @@ name = "mine/n3/float32"
 valid_tokens = [[3]]
 model = "python:$source_dir/examples/transformers/tiny_llama.py:hf_tiny_llama"
 TOML
-"$gradnorm" run -f clipfile.toml > clipfile.txt 2>&1
+"$gradnorm" run -f clipfile.toml --json clipfile.json > clipfile.txt 2>&1
+echo "clipfile: exit $?" >> clipfile.txt
 expect "max_grad_norm=0.5 would clip where the scenario does not clip" clipfile.txt
+# ... and, that being every pair, nothing is judged: exit 2, no report.
+expect "nothing to judge: every selected pair is left out (1)" clipfile.txt
+expect "clipfile: exit 2" clipfile.txt
+[ ! -e clipfile.json ] || { echo "FAIL: a report of no row was written"; failed=1; }
 
 # Bad input: exit 2 before anything runs.
 "$gradnorm" run --recipe transformers:trainer --recipe-arg max_grad_norm=-1 -s single/n3/float32 \

@@ -190,6 +190,15 @@ int report(const oracles::Evaluation& evaluation, const RunOptions& options,
     fmt::print(stderr, "gradnorm: run aborted: {}\n", *evaluation.fault);
     return kExitRankFailed;
   }
+  if (evaluation.rows.empty() && !evaluation.skipped.empty()) {
+    // Every pair selected is one the harness cannot run: nothing was judged, which is not a
+    // run that went as expected. No report: it would hold no row.
+    const oracles::SkippedPair& first = evaluation.skipped.front();
+    fmt::print(stderr,
+               "gradnorm: nothing to judge: every selected pair is left out ({}), e.g. {} x {}: {}\n",
+               evaluation.skipped.size(), first.scenario, first.variant, first.why);
+    return kExitUsage;
+  }
   // Reports are complete before anything is printed as done; each is written atomically.
   // Built only when a report is made from it: for a large run it is not free.
   const bool wants_json = !options.json_path.empty() || !options.junit_path.empty() || !options.html_path.empty();
