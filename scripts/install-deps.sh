@@ -108,24 +108,18 @@ from transformers import Trainer, LlamaForCausalLM  # noqa: F401
 print("install-deps: transformers", transformers.__version__, "with huggingface_hub",
       huggingface_hub.__version__, "and accelerate", accelerate.__version__)'
 
-install_overlay trl-1.16.0 requirements-trl.txt '
+trl_imports='
 import warnings
 warnings.filterwarnings("ignore")  # torchao 0.15 warns that its C++ extensions do not match
 import trl, datasets, pyarrow, transformers
 assert trl.__version__ == "1.16.0", trl.__version__
 from trl import SFTTrainer, SFTConfig  # noqa: F401
 print("install-deps: trl", trl.__version__, "with datasets", datasets.__version__,
-      "pyarrow", pyarrow.__version__, "and transformers", transformers.__version__)'
+      "pyarrow", pyarrow.__version__, "and transformers", transformers.__version__)
+'
+install_overlay trl-1.16.0 requirements-trl.txt "$trl_imports"
 
 # TRL 1.16.0 beside transformers 4.57.6: after install_overlay transformers-4.57.6, which it
 # stands beside.
-install_overlay trl-1.16.0-transformers-4.57.6 requirements-trl-transformers4.txt '
-import warnings
-warnings.filterwarnings("ignore")  # torchao 0.15 warns that its C++ extensions do not match
-import trl, datasets, pyarrow, transformers
-assert trl.__version__ == "1.16.0", trl.__version__
-assert transformers.__version__ == "4.57.6", transformers.__version__
-from trl import SFTTrainer, SFTConfig  # noqa: F401
-print("install-deps: trl", trl.__version__, "with datasets", datasets.__version__,
-      "pyarrow", pyarrow.__version__, "and transformers", transformers.__version__)' \
-  transformers-4.57.6
+install_overlay trl-1.16.0-transformers-4.57.6 requirements-trl-transformers4.txt "$trl_imports
+assert transformers.__version__ == \"4.57.6\", transformers.__version__" transformers-4.57.6

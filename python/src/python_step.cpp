@@ -689,8 +689,12 @@ const LoadedStep& load_recipe(const RecipeVariant& variant, std::string& name,
 
 }  // namespace
 
+bool is_trainer_recipe(std::string_view recipe) {
+  return recipe.rfind("transformers:", 0) == 0 || recipe.rfind("trl:", 0) == 0;
+}
+
 std::string default_recipe_model(std::string_view recipe) {
-  if (recipe.rfind("transformers:", 0) == 0 || recipe.rfind("trl:", 0) == 0) {
+  if (is_trainer_recipe(recipe)) {
     return "python:" GRADNORM_EXAMPLES_DIR "/transformers/tiny_llama.py:hf_tiny_llama";
   }
   std::string spec = "python:" GRADNORM_EXAMPLES_DIR "/torchtune/tiny_llama.py:tiny_llama";

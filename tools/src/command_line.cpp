@@ -285,7 +285,7 @@ std::string_view trimmed(std::string_view text) {
 // where V is 0 (TrainingArguments' documented meaning), so the scenario the oracle judges
 // clips to V, or not at all.
 std::optional<std::pair<std::string, double>> recipe_max_grad_norm(const PythonStepOptions& step) {
-  if (step.recipe.rfind("transformers:", 0) != 0 && step.recipe.rfind("trl:", 0) != 0) return std::nullopt;
+  if (!python::is_trainer_recipe(step.recipe)) return std::nullopt;
   std::optional<std::pair<std::string, double>> found;
   for (const std::string& arg : step.recipe_args) {
     const auto equals = arg.find('=');

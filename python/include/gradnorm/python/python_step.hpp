@@ -66,6 +66,8 @@ struct RecipeVariant {
 // (examples/torchtune/tiny_llama.py, with LoRA for the LoRA and distilling recipes), or
 // transformers' LlamaForCausalLM (examples/transformers/tiny_llama.py).
 [[nodiscard]] std::string default_recipe_model(std::string_view recipe);
+// Whether a --recipe runs Transformers' Trainer or TRL's SFTTrainer (transformers:..., trl:...).
+[[nodiscard]] bool is_trainer_recipe(std::string_view recipe);
 
 // make_python_variant, then harness::register_variant.
 void register_python_step(const PythonVariant& variant);
