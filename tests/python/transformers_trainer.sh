@@ -148,6 +148,12 @@ row "hf_tiny_llama/single/accum2-ragged/float32@max_grad_norm=0.01" $trainer pas
 "$gradnorm" run --recipe transformers:trainer --recipe-arg max_grad_norm=0.01 --nproc 2 \
   -s "hf_tiny_llama/dist/5-3/float32@max_grad_norm=0.01" > clip-dist.txt 2>&1
 row "hf_tiny_llama/dist/5-3/float32@max_grad_norm=0.01" $trainer pass clip-dist.txt
+# That name without the --recipe-arg (or with another V) is no scenario of the run: exit 2.
+"$gradnorm" run --recipe transformers:trainer -s "hf_tiny_llama/single/n3/float32@max_grad_norm=0.01" \
+  > clip-unasked.txt 2>&1
+echo "clip-unasked: exit $?" >> clip-unasked.txt
+expect "unknown scenario 'single/n3/float32@max_grad_norm=0.01'" clip-unasked.txt
+expect "clip-unasked: exit 2" clip-unasked.txt
 cat > noclip.py <<'PY'
 from transformers import Trainer
 

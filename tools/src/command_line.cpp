@@ -314,9 +314,15 @@ std::vector<std::string> recipe_scenario_patterns(std::vector<std::string> patte
                                                   const PythonStepOptions& step) {
   if (step.recipe.empty()) return patterns;
   const std::string prefix = recipe_model_probe(step).model_function + "/";
+  // Only this run's clip suffix: a name clipped otherwise is no scenario of this run.
+  const auto max_grad_norm = recipe_max_grad_norm(step);
+  const std::string suffix = max_grad_norm ? std::string(kClipSuffix) + max_grad_norm->first : "";
   for (std::string& pattern : patterns) {
     if (pattern.size() > prefix.size() && pattern.rfind(prefix, 0) == 0) pattern.erase(0, prefix.size());
-    if (const auto at = pattern.rfind(kClipSuffix); at != std::string::npos) pattern.erase(at);
+    if (!suffix.empty() && pattern.size() > suffix.size() &&
+        pattern.compare(pattern.size() - suffix.size(), suffix.size(), suffix) == 0) {
+      pattern.erase(pattern.size() - suffix.size());
+    }
   }
   return patterns;
 }

@@ -89,9 +89,9 @@ std::vector<std::string> declare_steps(const PythonStepOptions& cli_step,
 // = 0: no clipping, as Trainer reads it), named NAME@max_grad_norm=V; V must be a number >= 0.
 //
 // -s patterns for a --recipe run: a pattern naming a scenario as the run reports it,
-// FUNCTION/NAME[@max_grad_norm=V] (what `gradnorm diff` prints to reproduce a row), selects
-// NAME, which with_recipe_model then renames so. Other patterns, and every pattern without
-// --recipe, stay.
+// FUNCTION/NAME[@max_grad_norm=V] (what `gradnorm diff` prints to reproduce a row; V this
+// run's), selects NAME, which with_recipe_model then renames so. Other patterns, and every
+// pattern without --recipe, stay.
 [[nodiscard]] std::vector<std::string> recipe_scenario_patterns(std::vector<std::string> patterns,
                                                                 const PythonStepOptions& step);
 
