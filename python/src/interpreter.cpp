@@ -8,6 +8,7 @@
 #include <filesystem>
 #include <mutex>
 
+#include "embedded_sources.hpp"
 #include "gradnorm/harness/runner.hpp"
 #include "gradnorm/python/python_step.hpp"
 #include "gradnorm/scenarios/scenario.hpp"
@@ -15,10 +16,6 @@
 PYBIND11_EMBEDDED_MODULE(_gradnorm_native, m) { gradnorm::python::detail::define_native_module(m); }
 
 namespace gradnorm::python::detail {
-
-extern const char* const kEmbeddedModuleSource;   // python/gradnorm_torch.py, compiled in
-extern const char* const kEmbeddedRecipesSource;  // python/gradnorm_recipes.py, compiled in
-extern const char* const kEmbeddedTransformersSource;  // python/gradnorm_transformers.py
 
 using scenarios::InvalidInput;
 
@@ -127,9 +124,12 @@ py::object embedded_module(const char* name, const char* source) {
 py::module_ Interpreter::recipes() {
   // Called with the GIL held, which also serialises the first call.
   if (recipes_ == nullptr) {
-    py::object module = embedded_module("gradnorm_recipes", kEmbeddedRecipesSource);
-    // Imported by gradnorm_recipes.load_recipe for --recipe transformers:...
-    (void)embedded_module("gradnorm_transformers", kEmbeddedTransformersSource);
+    py::object module = embedded_module("gradnorm_frameworks", kEmbeddedFrameworksSource);
+    py::dict adapters;
+    for (std::size_t i = 0; i < kEmbeddedAdapterCount; ++i) {
+      adapters[kEmbeddedAdapters[i].module] = kEmbeddedAdapters[i].source;
+    }
+    module.attr("load_adapters")(adapters);
     recipes_ = module.release().ptr();
   }
   return py::reinterpret_borrow<py::module_>(recipes_);

@@ -41,8 +41,8 @@ class Interpreter {
 
   // gradnorm_torch; call with the GIL held.
   [[nodiscard]] py::module_ runtime() const { return py::reinterpret_borrow<py::module_>(runtime_); }
-  // gradnorm_recipes (real framework code, --recipe), compiled on first use; call with the
-  // GIL held.
+  // gradnorm_frameworks (real framework code, --recipe) with every adapter registered,
+  // compiled on first use; call with the GIL held.
   [[nodiscard]] py::module_ recipes();
 
  private:

@@ -1,4 +1,5 @@
-"""Real framework code judged as gradnorm steps (docs/design.md §11).
+"""torchtune's recipes, unmodified, judged as gradnorm steps (docs/design.md §14): the
+adapter for ``--recipe torchtune:...`` over the shared machinery (python/gradnorm_frameworks.py).
 
 ``gradnorm run --recipe torchtune:NAME`` (or ``torchtune:PATH.py``) runs the installed
 torchtune's recipe class, unmodified, for the scenario's steps. The recipe gets an OmegaConf
@@ -34,15 +35,14 @@ listed in ``REPLACED`` and in docs/frameworks.md.
 
 import functools
 import os
-import sys
 import tempfile
-import threading
 
 import torch
 
+import gradnorm_frameworks as _gf
 import gradnorm_torch as _gt
-
-IGNORE_INDEX = -100
+# The recipe's config names these as components of this module.
+from gradnorm_frameworks import Optimizer, constant_lr  # noqa: F401
 
 # What gradnorm replaces from outside a torchtune recipe, and why: none of it counts, scales,
 # reduces, clips, steps or logs.
@@ -66,19 +66,8 @@ REPLACED = (
      "return and log nothing"),
 )
 
-_local = threading.local()  # .run: the recipe run executing on this thread
-
-
-def _current_run():
-    run = getattr(_local, "run", None)
-    if run is None:
-        raise RuntimeError("gradnorm_recipes components are built by a gradnorm recipe run "
-                           "only (gradnorm run --recipe)")
-    return run
-
-
-class Unsupported(_gt.GradnormUnsupported):
-    """The recipe cannot be driven on this scenario or launcher, for a stated reason."""
+_current_run = _gf.current_run
+Unsupported = _gf.Unsupported
 
 
 # --- torchtune components ------------------------------------------------------------------
@@ -180,12 +169,7 @@ class Dataset(torch.utils.data.Dataset):
         step, within = k // per_step, k % per_step
         micro, row = within // run.micro_batch_size, within % run.micro_batch_size
         run.wait_for_step(step)
-        batch = run.ctx.micro_batches[micro]
-        tokens = batch["tokens"][row]
-        shifted = batch["labels"][row]
-        if int(shifted[-1]) != IGNORE_INDEX:
-            raise RuntimeError("gradnorm bug: a shifted label at position T-1")
-        aligned = torch.cat([batch["first_labels"][row:row + 1], shifted[:-1]])
+        tokens, aligned = _gf.aligned_sample(run.ctx.micro_batches[micro], row)
         run.samples_served += 1
         return {"tokens": tokens.tolist(), "labels": aligned.tolist()}
 
@@ -208,35 +192,6 @@ class MetricLogger:
 
     def close(self):
         pass
-
-
-class Optimizer(torch.optim.Optimizer):
-    """A torch optimizer whose step() gives the recipe's gradients to the harness's
-    recording optimizer: the full gradient of each parameter (gathered where fully_shard
-    made it a DTensor) becomes the harness parameter's .grad, the harness steps with the
-    scenario's optimizer, and the updated values are copied back into the recipe's model.
-    Per-parameter optimizers (optimizer_in_bwd) each hand over their parameter's gradient;
-    the harness steps once all of them have."""
-
-    def __init__(self, params, lr=1e-3, **extra):
-        params = list(params)
-        super().__init__(params, dict(lr=lr, **extra))
-        self._run = _current_run()
-        self._run.optimizers.append(self)
-
-    def step(self, closure=None):
-        if closure is not None:
-            raise TypeError("gradnorm's optimizer takes no closure")
-        self._run.hand_over(self)
-
-    @property
-    def params(self):
-        return [p for group in self.param_groups for p in group["params"]]
-
-
-def constant_lr(optimizer, num_training_steps=None, last_epoch=-1, **_ignored):
-    """The recipe's scheduler: a factor of 1 at every step (the scenario's rate holds)."""
-    return torch.optim.lr_scheduler.LambdaLR(optimizer, lambda _step: 1.0, last_epoch=last_epoch)
 
 
 def _cleanup_before_training():
@@ -510,112 +465,7 @@ def _check_override(key):
 # --- one run of a recipe on one rank -------------------------------------------------------
 
 
-class GreenletRun:
-    """A framework's one training run on this rank (a torchtune recipe, a Transformers
-    Trainer), run inside a greenlet of the rank's own thread and resumed once per gradnorm
-    step (advance); _main is the run itself and switches back to the harness between steps.
-    The framework's optimizer is an Optimizer (below), which hands its gradients over here."""
-
-    def __init__(self, ctx):
-        self.scenario = ctx.scenario
-        self.ctx = ctx
-        self.model_file = self.scenario["model_file"]
-        self.model_function = _model_function(self.model_file, self.scenario["model_function"])
-        self.harness_model = ctx.model
-        self.harness_named = dict(ctx.model.named_parameters())
-        self.steps = int(self.scenario["steps"])
-        self.accumulation_steps = int(self.scenario["accumulation_steps"])
-        self.micro_batch_size = int(self.scenario["micro_batch_size"])
-        self.dp_size = int(self.scenario["data_parallel_size"])
-        self.dp_rank = ctx.rank
-        self.step = 0  # the gradnorm step the run may serve samples of
-        self.logged = {}
-        self.optimizers = []
-        self.pending = {}  # optimizer_in_bwd: parameter -> gradient handed over
-        self.recipe_model = None
-        self.finished = False
-        from greenlet import greenlet
-        self._greenlet = greenlet(self._main)
-
-    def _main(self):
-        raise NotImplementedError
-
-    def _finished(self):
-        """Called once the run has returned."""
-
-    def advance(self, ctx, step):
-        self.ctx = ctx
-        self.step = step
-        if self.finished:
-            return
-        from greenlet import getcurrent
-        self._parent = getcurrent()
-        previous = getattr(_local, "run", None)
-        _local.run = self
-        # The frameworks' logs (info, and warnings such as torchtune's " Profiling disabled."
-        # on every run) and a deprecation warning of torchdata's would interleave with
-        # gradnorm's table; errors still show, and what the framework does is what gradnorm
-        # judges.
-        import logging
-        import warnings
-        quiet = logging.root.manager.disable
-        logging.disable(logging.WARNING)
-        try:
-            with warnings.catch_warnings():
-                warnings.filterwarnings("ignore", message="'set_vital' is deprecated")
-                self._greenlet.switch()
-        finally:
-            logging.disable(quiet)
-            _local.run = previous
-        if self._greenlet.dead:
-            self.finished = True
-            self._finished()
-
-    # The optimizer's side.
-    def _names(self):
-        named = {}
-        for name, p in self.recipe_model.named_parameters():
-            named[id(p)] = (name, p)
-        return named
-
-    def hand_over(self, optimizer):
-        if self.recipe_model is None:
-            raise RuntimeError("the optimizer stepped before the model was built")
-        if len(self.optimizers) == 1:
-            self._step_harness([p for p in optimizer.params if p.grad is not None])
-            return
-        # optimizer_in_bwd: one optimizer per parameter, each stepped from a hook in backward.
-        for p in optimizer.params:
-            if p.grad is not None:
-                self.pending[id(p)] = (p, _full(p.grad).detach().clone())
-        waiting = sum(1 for o in self.optimizers for p in o.params if p.requires_grad)
-        if len(self.pending) == waiting:
-            pending, self.pending = self.pending, {}
-            self._step_harness([p for p, _ in pending.values()],
-                               {id(p): g for p, g in pending.values()})
-
-    def _step_harness(self, params, grads=None):
-        names = self._names()
-        pairs = []
-        for p in params:
-            if id(p) not in names:
-                raise RuntimeError("the recipe's optimizer holds a parameter its model does not")
-            name, _ = names[id(p)]
-            target = self.harness_named.get(name)
-            if target is None:
-                raise Unsupported("the recipe's model has a parameter %s the scenario's model "
-                                  "has not" % name)
-            grad = grads[id(p)] if grads is not None else _full(p.grad)
-            target.grad = grad.detach().to(target.dtype).clone()
-            pairs.append((target, p))
-        self.ctx.optimizer.step()
-        with torch.no_grad():
-            for target, p in pairs:
-                _write(p, target.detach())
-        self.ctx.optimizer.zero_grad(set_to_none=True)
-
-
-class _Run(GreenletRun):
+class _Run(_gf.GreenletRun):
     """A torchtune recipe's one training run on this rank."""
 
     def __init__(self, recipe, ctx):
@@ -655,52 +505,7 @@ class _Run(GreenletRun):
                                % (step, self.step))
 
 
-def _full(tensor):
-    from torch.distributed.tensor import DTensor
-    return tensor.full_tensor() if isinstance(tensor, DTensor) else tensor
-
-
-def _write(param, value):
-    from torch.distributed.tensor import DTensor, distribute_tensor
-    if isinstance(param, DTensor):
-        local = distribute_tensor(value.to(param.dtype), param.device_mesh,
-                                  param.placements).to_local()
-        param.to_local().copy_(local)
-    else:
-        param.copy_(value.to(param.dtype))
-
-
-def _model_function(path, function):
-    wanted = os.path.abspath(path)
-    for module in list(sys.modules.values()):
-        if os.path.abspath(getattr(module, "__file__", "") or "") == wanted and hasattr(module, function):
-            return getattr(module, function)
-    raise LookupError("the scenario's model file %s is not loaded" % path)
-
-
 # --- the step gradnorm runs ------------------------------------------------------------------
-
-
-def _loss_of(logged, step):
-    entry = logged.get(step, {})
-    out = {}
-    for key, name in (("loss", "loss_to_log"), ("grad_norm", "grad_norm")):
-        value = entry.get(key)
-        if value is not None:
-            out[name] = float(value.detach().item()) if isinstance(value, torch.Tensor) else float(value)
-    return out
-
-
-def _from_rank_zero(logged):
-    """torchtune's distributed recipes log on rank 0 only (`and self._is_rank_zero` before
-    their metric logger's log_dict): every rank reports what rank 0 logged, sent from rank 0
-    after the step (one broadcast, outside the recipe), so the verdict judges rank 0's log."""
-    import torch.distributed as dist
-    keys = ("loss_to_log", "grad_norm")
-    packed = torch.tensor([[1.0 if k in logged else 0.0, float(logged.get(k, 0.0))] for k in keys],
-                          dtype=torch.float64)
-    dist.broadcast(packed, src=0)
-    return {k: float(packed[i, 1]) for i, k in enumerate(keys) if packed[i, 0] != 0}
 
 
 def make_step(recipe):
@@ -710,9 +515,9 @@ def make_step(recipe):
             run = ctx.state["recipe run"] = _Run(recipe, ctx)
         run.advance(ctx, ctx.step_index)
         # The recipe's global_step counts from 1.
-        logged = _loss_of(run.logged, ctx.step_index + 1)
+        logged = _gf.logged_values(run.logged, ctx.step_index + 1)
         if recipe.distributed and ctx.world_size > 1:
-            return _from_rank_zero(logged)
+            return _gf.from_rank_zero(logged)
         return logged
     step.__name__ = "recipe_step"
     return step
@@ -721,14 +526,8 @@ def make_step(recipe):
 _loaded = {}
 
 
-def load_recipe(framework, target, args, module_name):
-    """(file, step function, cannot_run, objective, what runs) for --recipe FRAMEWORK:TARGET."""
-    if framework in ("transformers", "trl"):
-        import gradnorm_transformers
-        return gradnorm_transformers.load_trainer(target, args, module_name, framework)
-    if framework != "torchtune":
-        raise ValueError("--recipe %s:%s: unknown framework '%s' (known: torchtune, "
-                         "transformers, trl)" % (framework, target, framework))
+def load_recipe(target, args, module_name, framework="torchtune"):
+    """(file, step function, cannot_run, objective, what runs) for --recipe torchtune:TARGET."""
     if target.endswith(".py"):
         path, name = os.path.abspath(target), os.path.splitext(os.path.basename(target))[0]
         if not os.path.isfile(path):
@@ -754,3 +553,6 @@ def load_recipe(framework, target, args, module_name):
     objective = "knowledge_distillation" if recipe.distils else "scenario_loss"
     return (recipe.file, make_step(recipe), recipe.cannot_run, objective,
             "torchtune %s's %s" % (_torchtune_version(), name))
+
+
+_gf.register("torchtune", load_recipe)

@@ -1,4 +1,6 @@
-"""Hugging Face Transformers' Trainer, unmodified, judged as a gradnorm step (docs/design.md §15).
+"""Hugging Face Transformers' Trainer, unmodified, judged as a gradnorm step (docs/design.md §15):
+the adapter for ``--recipe transformers:...`` over the shared machinery
+(python/gradnorm_frameworks.py); TRL's SFTTrainer extends it (python/adapters/trl.py).
 
 ``gradnorm run --recipe transformers:trainer`` runs the installed ``transformers.Trainer``
 for the scenario's steps; ``--recipe transformers:PATH.py:NAME`` runs NAME from a user's file:
@@ -14,9 +16,9 @@ gets, all through its constructor and its ``TrainingArguments``:
   them, whatever index Trainer's sampler and accelerate's sharding ask for. At every
   optimizer step what Trainer's own collator (default_data_collator, recorded) collated and
   what reached the model (a forward pre-hook) are checked against the scenario's
-  micro-batches (_TrainerRun._check_fed), so a rank fed anything else is an error, not a
+  micro-batches (gradnorm_frameworks.FeedingProof), so a rank fed anything else is an error, not a
   verdict;
-* ``optimizers``: gradnorm's Optimizer (gradnorm_recipes.py), whose ``step()`` hands the
+* ``optimizers``: gradnorm's Optimizer (gradnorm_frameworks.py), whose ``step()`` hands the
   gradients Trainer produced, after its clipping and DDP's all-reduce, to the harness's
   recording optimizer, which steps with the scenario's optimizer; a constant schedule;
 * ``callbacks``: one TrainerCallback that keeps the ``loss`` and ``grad_norm`` Trainer logs
@@ -42,10 +44,8 @@ import tempfile
 
 import torch
 
-import gradnorm_recipes as _gr
+import gradnorm_frameworks as _gf
 import gradnorm_torch as _gt
-
-IGNORE_INDEX = -100
 
 # TrainingArguments fields the scenario decides: a --recipe-arg may not set them, since the
 # oracle judges the scenario.
@@ -76,22 +76,8 @@ _FIXED = {
 }
 
 
-# SFTConfig fields the scenario decides beside Trainer's: each rank's samples are laid out
-# in the dataset where a sequential sampler and accelerate's sharding give them to it
-# (_SFTRun._dataset).
-_OWNED_TRL = {
-    "train_sampling_strategy": "(sequential: each rank's own micro-batches, in order)",
-    "dataset_kwargs": "(the dataset is pre-tokenized and prepared by SFTTrainer itself)",
-    "model_init_kwargs": "(the model is the scenario's)",
-}
-
-
 def transformers_version():
     return importlib.metadata.version("transformers")
-
-
-def trl_version():
-    return importlib.metadata.version("trl")
 
 
 def _parse_args(args, config_class, owned, what):
@@ -119,25 +105,39 @@ def _parse_args(args, config_class, owned, what):
     return out
 
 
+class Flavour:
+    """Which trainer an adapter drives: Trainer (this file) or TRL's SFTTrainer
+    (python/adapters/trl.py), and what differs between them."""
+
+    def __init__(self, framework, base, builtin, config_class, owned, what, run_class):
+        self.framework = framework        # "transformers": the --recipe prefix
+        self.base = base                  # the trainer class
+        self.builtin = builtin            # "trainer": the target naming the class itself
+        self.config_class = config_class  # TrainingArguments
+        self.owned = owned                # _OWNED: fields the scenario decides
+        self.what = what                  # "transformers 5.18.0": names the version parsed
+        self.run_class = run_class        # _TrainerRun: one training run on a rank
+
+
+def trainer_flavour():
+    import transformers
+    return Flavour("transformers", transformers.Trainer, "trainer", transformers.TrainingArguments,
+                   _OWNED, "transformers %s" % transformers_version(), _TrainerRun)
+
+
 class TrainerRecipe:
     """Trainer (or a user's subclass, or Trainer with a user's compute_loss_func) and the
-    TrainingArguments fields the user set; for framework "trl", TRL's SFTTrainer (or a
-    user's subclass of it) and SFTConfig fields."""
+    TrainingArguments fields the user set; for TRL's flavour, TRL's SFTTrainer (or a user's
+    subclass of it) and SFTConfig fields."""
 
-    def __init__(self, target, args, module_name, framework="transformers"):
-        import transformers
-        self.framework = framework
+    def __init__(self, target, args, module_name, flavour):
+        self.framework = flavour.framework
+        self.flavour = flavour
         self.target = target
         self.compute_loss_func = None
-        if framework == "trl":
-            import trl
-            base, builtin, self.config_class = trl.SFTTrainer, "sft", trl.SFTConfig
-            owned, what = dict(_OWNED, **_OWNED_TRL), "trl %s" % trl_version()
-        else:
-            base, builtin, self.config_class = (transformers.Trainer, "trainer",
-                                                transformers.TrainingArguments)
-            owned, what = _OWNED, "transformers %s" % transformers_version()
-        self.overrides = _parse_args(args, self.config_class, owned, what)
+        framework, base, builtin = flavour.framework, flavour.base, flavour.builtin
+        self.config_class = flavour.config_class
+        self.overrides = _parse_args(args, self.config_class, flavour.owned, flavour.what)
         if target == builtin:
             self.cls = base
             self.file = inspect.getsourcefile(base)
@@ -211,12 +211,8 @@ class _Dataset(torch.utils.data.Dataset):
             raise RuntimeError("Trainer asked rank %d for more samples than the scenario's %d "
                                "steps hold" % (run.dp_rank, run.steps))
         micro, row = within // run.micro_batch_size, within % run.micro_batch_size
-        batch = run.batches_of(step)[micro]
-        shifted = batch["labels"][row]
-        if int(shifted[-1]) != IGNORE_INDEX:
-            raise RuntimeError("gradnorm bug: a shifted label at position T-1")
-        aligned = torch.cat([batch["first_labels"][row:row + 1], shifted[:-1]])
-        return {"input_ids": batch["tokens"][row].clone(), "labels": aligned}
+        tokens, aligned = _gf.aligned_sample(run.batches_of(step)[micro], row)
+        return {"input_ids": tokens.clone(), "labels": aligned}
 
 
 def _callback_class():
@@ -239,15 +235,12 @@ def _callback_class():
     return Capture
 
 
-class _TrainerRun(_gr.GreenletRun):
+class _TrainerRun(_gf.GreenletRun):
     """Trainer's one training run (trainer.train()) on this rank."""
 
     def __init__(self, recipe, ctx):
         self.recipe = recipe
-        self.fed = []  # input_ids of every forward since the last optimizer step
-        # input_ids of the batches Trainer's dataloader collated and _check_fed has not yet
-        # checked, in order (the next step's first may be among them: accelerate reads ahead)
-        self.collated = []
+        self.feeding = _gf.FeedingProof("Trainer", "its sampler or accelerate's sharding")
         self.checked_steps = 0
         self._output = tempfile.TemporaryDirectory(prefix="gradnorm-trainer-")
         self._batches = {}
@@ -261,16 +254,10 @@ class _TrainerRun(_gr.GreenletRun):
         return self._batches[step]
 
     def _model(self):
-        s = self.scenario
-        model = _gt.build_model(self.model_function, self.model_file, self.model_file,
-                                s["vocab_size"], s["hidden_size"], s["sequence_length"], s["seed"])
-        with torch.no_grad():
-            model.load_state_dict({n: t.detach().clone()
-                                   for n, t in self.harness_model.state_dict().items()})
+        model = self.scenario_model()
 
         def record(_module, args, kwargs):
-            tokens = kwargs.get("input_ids", args[0] if args else None)
-            self.fed.append(tokens.detach().clone())
+            self.feeding.fed(kwargs.get("input_ids", args[0] if args else None))
         model.register_forward_pre_hook(record, with_kwargs=True)
         return model
 
@@ -327,8 +314,8 @@ class _TrainerRun(_gr.GreenletRun):
         model = self._model()
         self.recipe_model = model
         # The rate is the scenario's (Trainer logs it); the harness's optimizer steps with it.
-        optimizer = _gr.Optimizer(model.parameters(), lr=float(self.scenario["learning_rate"]))
-        schedule = _gr.constant_lr(optimizer)
+        optimizer = _gf.Optimizer(model.parameters(), lr=float(self.scenario["learning_rate"]))
+        schedule = _gf.constant_lr(optimizer)
         kwargs = dict(model=model, args=args, optimizers=(optimizer, schedule),
                       callbacks=[_callback_class()(self)], **self._trainer_kwargs())
         if self.recipe.compute_loss_func is not None:
@@ -354,39 +341,11 @@ class _TrainerRun(_gr.GreenletRun):
             from transformers import default_data_collator
             collator = default_data_collator
         batch = collator(features)
-        self.collated.append(batch["input_ids"].detach().clone())
+        self.feeding.collated(batch["input_ids"])
         return batch
 
-    def _check_fed(self):
-        """Proof that this rank trained on its own micro-batches in order: the batches its
-        dataloader collated since the last step begin with this step's window (one more may
-        follow: accelerate fetches a batch ahead), and what reached the model in this window
-        is the window's micro-batches in order (a user's Trainer may skip one). Each step
-        checks its own window once, so all steps together are checked in order."""
-        window = [b["tokens"] for b in self.ctx.micro_batches]
-        collated = self.collated[:len(window)]
-        if len(collated) < len(window) or any(not torch.equal(c, w)
-                                              for c, w in zip(collated, window)):
-            raise RuntimeError(
-                "rank %d step %d: Trainer's dataloader gave this rank batches other than the "
-                "scenario's, in their order (%d collated, %d expected): its sampler or "
-                "accelerate's sharding moved them" % (self.dp_rank, self.step,
-                                                      len(self.collated), len(window)))
-        del self.collated[:len(window)]
-        fed, self.fed = self.fed, []
-        at = 0
-        for tokens in fed:
-            while at < len(window) and not torch.equal(tokens, window[at]):
-                at += 1
-            if at == len(window):
-                raise RuntimeError(
-                    "rank %d step %d: the model was given input_ids that are not this window's "
-                    "micro-batches in order (%d forwards, %d micro-batches)"
-                    % (self.dp_rank, self.step, len(fed), len(window)))
-            at += 1
-
     def hand_over(self, optimizer):
-        self._check_fed()
+        self.feeding.check([b["tokens"] for b in self.ctx.micro_batches], self.dp_rank, self.step)
         if self.checked_steps != self.step:
             raise RuntimeError("Trainer stepped its optimizer twice in gradnorm step %d"
                                % self.step)
@@ -394,156 +353,48 @@ class _TrainerRun(_gr.GreenletRun):
         super().hand_over(optimizer)
 
 
-class _SFTRun(_TrainerRun):
-    """TRL's SFTTrainer (a Trainer subclass) on this rank. SFTTrainer takes a datasets.Dataset
-    only (sft_trainer.py's __init__ refuses anything else) and prepares it itself, so the
-    rank's samples cannot be served in the order asked: every sample of every step is laid
-    out where a sequential sampler and accelerate's sharding (global micro-batch g goes to
-    rank g mod W) hand it to this rank, other ranks' places holding a placeholder sequence
-    (token 0 throughout, every label valid) this rank never trains on. The collator is
-    SFTTrainer's own (DataCollatorForLanguageModeling), recording what it collated; the
-    tokenizer (a processing class SFTTrainer requires, to find its pad token) is a word-level
-    one over the scenario's vocabulary, built here: the dataset is already tokenized."""
-
-    def _fixed(self):
-        # transformers 5.x's TrainingArguments field; 4.57.6 has none and always samples at
-        # random (4.57.6 trainer.py:1053-1080): _constructed then serves in order.
-        if self._sequential_field():
-            return {"train_sampling_strategy": "sequential"}
-        return {}
-
-    def _sequential_field(self):
-        return "train_sampling_strategy" in {f.name for f in
-                                             dataclasses.fields(self.recipe.config_class)}
-
-    def _dataset(self):
-        import datasets
-        datasets.disable_progress_bars()  # its map/filter progress would interleave
-        s = self.scenario
-        length, batch = int(s["sequence_length"]), self.micro_batch_size
-        per_rank = self.steps * self.accumulation_steps
-        placeholder = [0] * length
-        input_ids, labels = [], []
-        self._own = []  # this rank's places in the dataset, in the order it trains on them
-        for g in range(per_rank * self.dp_size):
-            k, owner = divmod(g, self.dp_size)
-            if owner != self.dp_rank:
-                input_ids += [placeholder] * batch
-                labels += [placeholder] * batch
-                continue
-            self._own += range(len(input_ids), len(input_ids) + batch)
-            micro = self.ctx.batches_of(k // self.accumulation_steps)[k % self.accumulation_steps]
-            for row in range(batch):
-                shifted = micro["labels"][row]
-                aligned = torch.cat([micro["first_labels"][row:row + 1], shifted[:-1]])
-                input_ids.append(micro["tokens"][row].tolist())
-                labels.append(aligned.tolist())
-        return datasets.Dataset.from_dict({"input_ids": input_ids, "labels": labels})
-
-    def _tokenizer(self):
-        from tokenizers import Tokenizer
-        from tokenizers.models import WordLevel
-        from transformers import PreTrainedTokenizerFast
-        vocab = {"t%d" % i: i for i in range(int(self.scenario["vocab_size"]))}
-        return PreTrainedTokenizerFast(tokenizer_object=Tokenizer(WordLevel(vocab, unk_token="t0")),
-                                       pad_token="t0", eos_token="t0", unk_token="t0")
-
-    def _trainer_kwargs(self):
-        self._given = self._dataset()
-        return dict(train_dataset=self._given, processing_class=self._tokenizer())
-
-    def _constructed(self, trainer):
-        given, kept = len(self._given), len(trainer.train_dataset)
-        lost = torch.tensor([int(kept != given)])
-        if self.dp_size > 1:  # every rank stops, or the others would wait in DDP's all-reduce
-            torch.distributed.all_reduce(lost, op=torch.distributed.ReduceOp.MAX)
-        if kept == given and int(lost):
-            raise RuntimeError("rank %d: another rank's SFTTrainer dataset preparation dropped "
-                               "sequences (that rank says which)" % self.dp_rank)
-        if kept != given:
-            dropped = [i for i, labels in enumerate(self._given["labels"])
-                       if all(label == IGNORE_INDEX for label in labels)]
-            raise RuntimeError(
-                "rank %d: SFTTrainer's dataset preparation kept %d of the %d sequences given "
-                "(%d of them have no valid label; with max_length set it drops such sequences, "
-                "so the micro-batches regroup and the scenario's cannot be trained as given; "
-                "--recipe-arg max_length=None keeps them)" % (self.dp_rank, kept, given,
-                                                              len(dropped)))
-        own = trainer.data_collator
-        trainer.data_collator = lambda features: self.collate(features, own)
-        if not self._sequential_field():
-            # No sequential sampler to ask for: the dataset SFTTrainer prepared is served to
-            # its sampler in this rank's order, whatever index it asks for, as _Dataset does
-            # for Trainer. SFTTrainer's preparation has run; the feeding proof still checks
-            # every step.
-            trainer.train_dataset = _InOrder(trainer.train_dataset, self._own, self.dp_rank)
-
-
-class _InOrder(torch.utils.data.Dataset):
-    """A prepared dataset served in a fixed order of its rows, whatever index is asked for;
-    as long as the whole dataset, so that a sampler and accelerate's sharding give each rank
-    as many samples as they would."""
-
-    def __init__(self, prepared, order, rank):
-        self._prepared, self._order, self._rank, self._next = prepared, order, rank, 0
-
-    def __len__(self):
-        return len(self._prepared)
-
-    def __getitem__(self, index):
-        if self._next >= len(self._order):
-            raise RuntimeError("SFTTrainer asked rank %d for more samples than the scenario's "
-                               "steps hold" % self._rank)
-        row = self._prepared[self._order[self._next]]
-        self._next += 1
-        return row
-
-
 def make_step(recipe):
     def step(ctx):
         run = ctx.state.get("trainer run")
         if run is None:
-            kind = _SFTRun if recipe.framework == "trl" else _TrainerRun
-            run = ctx.state["trainer run"] = kind(recipe, ctx)
+            run = ctx.state["trainer run"] = recipe.flavour.run_class(recipe, ctx)
         run.advance(ctx, ctx.step_index)
         if run.checked_steps != ctx.step_index + 1:
             raise RuntimeError("Trainer did not step its optimizer in gradnorm step %d"
                                % ctx.step_index)
         # Trainer's global_step counts from 1; every rank logs the loss gathered over ranks.
-        return _gr._loss_of(run.logged, ctx.step_index + 1)
+        return _gf.logged_values(run.logged, ctx.step_index + 1)
     step.__name__ = "trainer_step"
     return step
 
 
+def import_error(framework, target, error, where):
+    """The ImportError for --recipe FRAMEWORK:TARGET when the framework does not import: the
+    first cause (a lazy import wraps what failed in a RuntimeError) and where to get it."""
+    while error.__cause__ is not None:
+        error = error.__cause__
+    error = "%s: %s" % (type(error).__name__, error)
+    return ImportError("--recipe %s:%s: %s does not import here (%s); %s"
+                       % (framework, target, framework, error, where))
+
+
 def load_trainer(target, args, module_name, framework="transformers"):
-    """(file, step function, cannot_run, objective, what runs) for --recipe transformers:TARGET
-    or --recipe trl:TARGET."""
+    """(file, step function, cannot_run, objective, what runs) for --recipe transformers:TARGET."""
     try:
         import transformers
         transformers.Trainer  # noqa: B018 (imported lazily: Trainer's own imports run here)
-        if framework == "trl":
-            import trl
-            trl.SFTTrainer  # noqa: B018 (the same)
     except (ImportError, RuntimeError) as error:
-        # A lazy import wraps what failed in a RuntimeError: name the first cause.
-        while error.__cause__ is not None:
-            error = error.__cause__
-        error = "%s: %s" % (type(error).__name__, error)
-        where = ("scripts/install-deps.sh installs TRL in .venv/trl-1.16.0 "
-                 "(requirements-trl.txt; beside transformers 4.57.6, "
-                 ".venv/trl-1.16.0-transformers-4.57.6 before .venv/transformers-4.57.6): "
-                 "put it first on PYTHONPATH"
-                 if framework == "trl" else
-                 "scripts/install-deps.sh installs requirements.txt's pins")
-        raise ImportError("--recipe %s:%s: %s does not import here (%s); %s"
-                          % (framework, target, framework, error, where)) from None
-    recipe = TrainerRecipe(target, args, module_name, framework)
-    if framework == "trl":
-        what = "trl %s's SFTTrainer (transformers %s)" % (trl_version(), transformers_version())
-        builtin = "sft"
-    else:
-        what = "transformers %s's Trainer" % transformers_version()
-        builtin = "trainer"
-    if recipe.target != builtin:
+        raise import_error(framework, target, error,
+                           "scripts/install-deps.sh installs requirements.txt's pins") from None
+    return load_flavour(target, args, module_name, trainer_flavour(),
+                        "transformers %s's Trainer" % transformers_version())
+
+
+def load_flavour(target, args, module_name, flavour, what):
+    recipe = TrainerRecipe(target, args, module_name, flavour)
+    if recipe.target != flavour.builtin:
         what = "%s (%s)" % (recipe.target, what)
     return recipe.file, make_step(recipe), recipe.cannot_run, "scenario_loss", what
+
+
+_gf.register("transformers", load_trainer)

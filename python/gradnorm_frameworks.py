@@ -1,0 +1,363 @@
+"""What every framework adapter needs, in one place (docs/design.md §14), and the registry of
+adapters by name.
+
+An adapter (python/adapters/NAME.py, one file per framework) says how its framework is
+driven; everything below is the same for all of them:
+
+* a **run**: the framework's one training run on this rank (``GreenletRun``), inside a
+  greenlet of the rank's own thread, resumed once per gradnorm step, so that what the
+  framework carries between steps is its own;
+* the **samples** a rank trains on: the scenario's micro-batches as sequences with labels
+  aligned to the tokens (``aligned_sample``), and the **feeding proof** (``FeedingProof``):
+  at every optimizer step, what the framework's dataloader collated and what reached the
+  model are this step's micro-batches in order, so a rank fed anything else is an error,
+  not a verdict;
+* an **optimizer** (``Optimizer``) whose ``step()`` hands what the framework produced to the
+  harness's recording optimizer, and copies the updated values back;
+* the **logged values** (``logged_values``, ``from_rank_zero``): what the framework logged
+  at a step, as the verdict reads it.
+
+An adapter registers itself with ``register(NAME, load)``; ``load_recipe`` (what the harness
+calls for ``--recipe NAME:TARGET``) finds it by name. Adapters import this module, never
+each other's internals, except TRL's, which is Trainer's subclass and extends its adapter.
+"""
+
+import os
+import sys
+import threading
+
+import torch
+
+import gradnorm_torch as _gt
+
+IGNORE_INDEX = -100
+
+_local = threading.local()  # .run: the framework run executing on this thread
+
+
+def current_run():
+    run = getattr(_local, "run", None)
+    if run is None:
+        raise RuntimeError("gradnorm's framework components are built by a gradnorm recipe run "
+                           "only (gradnorm run --recipe)")
+    return run
+
+
+class Unsupported(_gt.GradnormUnsupported):
+    """The framework cannot be driven on this scenario or launcher, for a stated reason."""
+
+
+# --- the registry -----------------------------------------------------------------------------
+
+_ADAPTERS = {}  # name -> load(target, args, module_name, framework)
+
+
+def register(name, load):
+    """Makes ``--recipe NAME:TARGET`` call ``load(target, args, module_name, name)``, which
+    returns (file, step function, cannot_run, objective, what runs)."""
+    if name in _ADAPTERS:
+        raise RuntimeError("gradnorm bug: two adapters register the framework '%s'" % name)
+    _ADAPTERS[name] = load
+
+
+def load_adapters(sources):
+    """Imports every adapter compiled into gradnorm ({module name: source}), each as its own
+    module (so an adapter may import another, as TRL's imports Trainer's), in name order; each
+    registers its framework as it is imported."""
+    import importlib
+    import importlib.abc
+    import importlib.util
+
+    class Embedded(importlib.abc.MetaPathFinder, importlib.abc.Loader):
+        def find_spec(self, name, path=None, target=None):
+            if name not in sources:
+                return None
+            return importlib.util.spec_from_loader(name, self, origin=name + ".py")
+
+        def create_module(self, spec):
+            return None
+
+        def exec_module(self, module):
+            module.__file__ = module.__name__ + ".py"
+            # Compiled under its own name, so tracebacks through it read NAME.py.
+            exec(compile(sources[module.__name__], module.__file__, "exec"), module.__dict__)
+
+    sys.meta_path.append(Embedded())
+    for name in sorted(sources):
+        importlib.import_module(name)
+
+
+def load_recipe(framework, target, args, module_name):
+    """(file, step function, cannot_run, objective, what runs) for --recipe FRAMEWORK:TARGET."""
+    load = _ADAPTERS.get(framework)
+    if load is None:
+        raise ValueError("--recipe %s:%s: unknown framework '%s' (known: %s)"
+                         % (framework, target, framework, ", ".join(_ADAPTERS)))
+    return load(target, args, module_name, framework)
+
+
+# --- samples and the feeding proof --------------------------------------------------------------
+
+
+def aligned_sample(batch, row):
+    """(tokens, labels) of sequence ROW of a micro-batch, labels aligned with the tokens as a
+    dataset returns them to a model that shifts: [first label, shifted labels[:T-1]]."""
+    shifted = batch["labels"][row]
+    if int(shifted[-1]) != IGNORE_INDEX:
+        raise RuntimeError("gradnorm bug: a shifted label at position T-1")
+    aligned = torch.cat([batch["first_labels"][row:row + 1], shifted[:-1]])
+    return batch["tokens"][row], aligned
+
+
+class FeedingProof:
+    """Proof that a rank trained on its own micro-batches in order. ``collated(ids)`` records
+    each batch the framework's dataloader collated, ``fed(ids)`` each batch that reached the
+    model (a forward pre-hook); ``check(window)`` at each optimizer step: the batches collated
+    since the last step begin with this step's window (one more may follow: a dataloader
+    fetches a batch ahead), and what reached the model is the window's micro-batches in order
+    (a user's code may skip one). Each step checks its own window once, so all steps together
+    are checked in order."""
+
+    def __init__(self, framework, movers):
+        self._framework = framework  # "Trainer": whose dataloader
+        self._movers = movers  # "its sampler or accelerate's sharding": what could move batches
+        self._fed = []
+        self._collated = []
+
+    def collated(self, input_ids):
+        self._collated.append(input_ids.detach().clone())
+
+    def fed(self, input_ids):
+        self._fed.append(input_ids.detach().clone())
+
+    def check(self, window, rank, step):
+        collated = self._collated[:len(window)]
+        if len(collated) < len(window) or any(not torch.equal(c, w)
+                                              for c, w in zip(collated, window)):
+            raise RuntimeError(
+                "rank %d step %d: %s's dataloader gave this rank batches other than the "
+                "scenario's, in their order (%d collated, %d expected): %s moved them"
+                % (rank, step, self._framework, len(self._collated), len(window), self._movers))
+        del self._collated[:len(window)]
+        fed, self._fed = self._fed, []
+        at = 0
+        for tokens in fed:
+            while at < len(window) and not torch.equal(tokens, window[at]):
+                at += 1
+            if at == len(window):
+                raise RuntimeError(
+                    "rank %d step %d: the model was given input_ids that are not this window's "
+                    "micro-batches in order (%d forwards, %d micro-batches)"
+                    % (rank, step, len(fed), len(window)))
+            at += 1
+
+
+# --- the optimizer --------------------------------------------------------------------------------
+
+
+class Optimizer(torch.optim.Optimizer):
+    """A torch optimizer whose step() gives the framework's gradients to the harness's
+    recording optimizer: the full gradient of each parameter (gathered where fully_shard
+    made it a DTensor) becomes the harness parameter's .grad, the harness steps with the
+    scenario's optimizer, and the updated values are copied back into the framework's model.
+    Per-parameter optimizers (optimizer_in_bwd) each hand over their parameter's gradient;
+    the harness steps once all of them have. A closure (Lightning passes one: the window's
+    last forward and backward, and its clipping) runs first, and the gradients it leaves are
+    what is handed over."""
+
+    def __init__(self, params, lr=1e-3, **extra):
+        params = list(params)
+        super().__init__(params, dict(lr=lr, **extra))
+        self._run = current_run()
+        self._run.optimizers.append(self)
+
+    def step(self, closure=None):
+        loss = None
+        if closure is not None:
+            if not self._run.takes_closure:
+                raise TypeError("gradnorm's optimizer takes no closure")
+            with torch.enable_grad():
+                loss = closure()
+        self._run.hand_over(self)
+        return loss
+
+    @property
+    def params(self):
+        return [p for group in self.param_groups for p in group["params"]]
+
+
+def constant_lr(optimizer, num_training_steps=None, last_epoch=-1, **_ignored):
+    """The framework's scheduler: a factor of 1 at every step (the scenario's rate holds)."""
+    return torch.optim.lr_scheduler.LambdaLR(optimizer, lambda _step: 1.0, last_epoch=last_epoch)
+
+
+# --- one run of a framework on one rank ---------------------------------------------------------
+
+
+class GreenletRun:
+    """A framework's one training run on this rank (a torchtune recipe, a Transformers
+    Trainer, Lightning's Trainer.fit), run inside a greenlet of the rank's own thread and
+    resumed once per gradnorm step (advance); _main is the run itself and switches back to the
+    harness between steps. The framework's optimizer is an Optimizer (above), which hands its
+    gradients over here."""
+
+    takes_closure = False  # whether the framework steps its optimizer with a closure
+
+    def __init__(self, ctx):
+        self.scenario = ctx.scenario
+        self.ctx = ctx
+        self.model_file = self.scenario["model_file"]
+        self.model_function = model_function(self.model_file, self.scenario["model_function"])
+        self.harness_model = ctx.model
+        self.harness_named = dict(ctx.model.named_parameters())
+        self.steps = int(self.scenario["steps"])
+        self.accumulation_steps = int(self.scenario["accumulation_steps"])
+        self.micro_batch_size = int(self.scenario["micro_batch_size"])
+        self.dp_size = int(self.scenario["data_parallel_size"])
+        self.dp_rank = ctx.rank
+        self.step = 0  # the gradnorm step the run may serve samples of
+        self.logged = {}
+        self.optimizers = []
+        self.pending = {}  # optimizer_in_bwd: parameter -> gradient handed over
+        self.recipe_model = None
+        self.finished = False
+        from greenlet import greenlet
+        self._greenlet = greenlet(self._main)
+
+    def _main(self):
+        raise NotImplementedError
+
+    def _finished(self):
+        """Called once the run has returned."""
+
+    def advance(self, ctx, step):
+        self.ctx = ctx
+        self.step = step
+        if self.finished:
+            return
+        from greenlet import getcurrent
+        self._parent = getcurrent()
+        previous = getattr(_local, "run", None)
+        _local.run = self
+        # The frameworks' logs (info, and warnings such as torchtune's " Profiling disabled."
+        # on every run) and a deprecation warning of torchdata's would interleave with
+        # gradnorm's table; errors still show, and what the framework does is what gradnorm
+        # judges.
+        import logging
+        import warnings
+        quiet = logging.root.manager.disable
+        logging.disable(logging.WARNING)
+        try:
+            with warnings.catch_warnings():
+                warnings.filterwarnings("ignore", message="'set_vital' is deprecated")
+                self._greenlet.switch()
+        finally:
+            logging.disable(quiet)
+            _local.run = previous
+        if self._greenlet.dead:
+            self.finished = True
+            self._finished()
+
+    def scenario_model(self):
+        """A fresh instance of the scenario's Python-file model holding the harness's initial
+        parameters (the framework trains its own copy; the harness's are stepped on hand-over
+        and copied back)."""
+        s = self.scenario
+        model = _gt.build_model(self.model_function, self.model_file, self.model_file,
+                                s["vocab_size"], s["hidden_size"], s["sequence_length"], s["seed"])
+        with torch.no_grad():
+            model.load_state_dict({n: t.detach().clone()
+                                   for n, t in self.harness_model.state_dict().items()})
+        return model
+
+    # The optimizer's side.
+    def _names(self):
+        named = {}
+        for name, p in self.recipe_model.named_parameters():
+            named[id(p)] = (name, p)
+        return named
+
+    def hand_over(self, optimizer):
+        if self.recipe_model is None:
+            raise RuntimeError("the optimizer stepped before the model was built")
+        if len(self.optimizers) == 1:
+            self._step_harness([p for p in optimizer.params if p.grad is not None])
+            return
+        # optimizer_in_bwd: one optimizer per parameter, each stepped from a hook in backward.
+        for p in optimizer.params:
+            if p.grad is not None:
+                self.pending[id(p)] = (p, full_tensor(p.grad).detach().clone())
+        waiting = sum(1 for o in self.optimizers for p in o.params if p.requires_grad)
+        if len(self.pending) == waiting:
+            pending, self.pending = self.pending, {}
+            self._step_harness([p for p, _ in pending.values()],
+                               {id(p): g for p, g in pending.values()})
+
+    def _step_harness(self, params, grads=None):
+        names = self._names()
+        pairs = []
+        for p in params:
+            if id(p) not in names:
+                raise RuntimeError("the recipe's optimizer holds a parameter its model does not")
+            name, _ = names[id(p)]
+            target = self.harness_named.get(name)
+            if target is None:
+                raise Unsupported("the recipe's model has a parameter %s the scenario's model "
+                                  "has not" % name)
+            grad = grads[id(p)] if grads is not None else full_tensor(p.grad)
+            target.grad = grad.detach().to(target.dtype).clone()
+            pairs.append((target, p))
+        self.ctx.optimizer.step()
+        with torch.no_grad():
+            for target, p in pairs:
+                write_parameter(p, target.detach())
+        self.ctx.optimizer.zero_grad(set_to_none=True)
+
+
+def full_tensor(tensor):
+    from torch.distributed.tensor import DTensor
+    return tensor.full_tensor() if isinstance(tensor, DTensor) else tensor
+
+
+def write_parameter(param, value):
+    from torch.distributed.tensor import DTensor, distribute_tensor
+    if isinstance(param, DTensor):
+        local = distribute_tensor(value.to(param.dtype), param.device_mesh,
+                                  param.placements).to_local()
+        param.to_local().copy_(local)
+    else:
+        param.copy_(value.to(param.dtype))
+
+
+def model_function(path, function):
+    wanted = os.path.abspath(path)
+    for module in list(sys.modules.values()):
+        if os.path.abspath(getattr(module, "__file__", "") or "") == wanted and hasattr(module, function):
+            return getattr(module, function)
+    raise LookupError("the scenario's model file %s is not loaded" % path)
+
+
+# --- what the framework logged -------------------------------------------------------------------
+
+
+def logged_values(logged, step):
+    """{"loss_to_log": ..., "grad_norm": ...} of what the run logged at STEP, where it did."""
+    entry = logged.get(step, {})
+    out = {}
+    for key, name in (("loss", "loss_to_log"), ("grad_norm", "grad_norm")):
+        value = entry.get(key)
+        if value is not None:
+            out[name] = float(value.detach().item()) if isinstance(value, torch.Tensor) else float(value)
+    return out
+
+
+def from_rank_zero(logged):
+    """What rank 0 logged, on every rank: a framework that logs on rank 0 only (or whose
+    loggers write rank 0's values only) is judged by rank 0's log, sent from rank 0 after the
+    step (one broadcast, outside the framework)."""
+    import torch.distributed as dist
+    keys = ("loss_to_log", "grad_norm")
+    packed = torch.tensor([[1.0 if k in logged else 0.0, float(logged.get(k, 0.0))] for k in keys],
+                          dtype=torch.float64)
+    dist.broadcast(packed, src=0)
+    return {k: float(packed[i, 1]) for i, k in enumerate(keys) if packed[i, 0] != 0}
