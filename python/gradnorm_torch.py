@@ -464,7 +464,12 @@ def describe(error, path, function=None):
     place = where_raised(error, path)
     if function is not None and not place.startswith(str(path) + ":"):
         code = getattr(function, "__code__", None)
-        if code is not None:  # the step's own file: a recipe's step is gradnorm's, not path's
+        if code is not None and not os.path.dirname(code.co_filename):
+            # A recipe's step is gradnorm's own, compiled in under its module's bare name: the
+            # module is cited, not a line of it, so that a report does not change when an
+            # adapter is edited around the step.
+            place = "the step defined in %s" % code.co_filename
+        elif code is not None:
             place = "the step defined at %s:%d" % (code.co_filename, code.co_firstlineno)
     return safe_text(type(error).__name__), "%s (at %s)" % (_message_of(error), safe_text(place))
 

@@ -35,12 +35,12 @@ finds it initialised and uses it, and Trainer wraps the model in DDP over it. Th
 checked to be distributed (accelerate's world size and distributed type) before it trains.
 """
 
-import ast
 import dataclasses
 import importlib.metadata
 import inspect
 import os
 import tempfile
+import typing
 
 import torch
 
@@ -82,12 +82,23 @@ def transformers_version():
 
 def _parse_args(args, config_class, owned, what):
     """--recipe-arg KEY=VALUE pairs as fields of config_class (TrainingArguments, or TRL's
-    SFTConfig): VALUE a Python literal (True, 1.0, "text") or else the text itself."""
+    SFTConfig), each VALUE parsed by Hugging Face's own HfArgumentParser as its command line
+    parses --KEY VALUE: "false", "no" and "0" are False, a number must be one. That command
+    line has no spelling for None; here "None" or "null" (YAML's, as a config file says it)
+    sets a field that may be None to None. A value the parser refuses is a ValueError naming
+    it."""
+    from transformers import HfArgumentParser
     fields = {f.name for f in dataclasses.fields(config_class)}
+    hints = typing.get_type_hints(config_class)
+    parser = HfArgumentParser(config_class)
+
+    def refuse(message):
+        raise ValueError(message)
+    parser.error = refuse  # argparse would print usage and exit the process
     out = {}
     for arg in args:
         key, sep, text = arg.partition("=")
-        key = key.strip()
+        key, text = key.strip(), text.strip()
         if not sep or not key:
             raise ValueError("--recipe-arg %s: expected KEY=VALUE" % arg)
         if key in owned:
@@ -97,11 +108,15 @@ def _parse_args(args, config_class, owned, what):
         if key not in fields:
             raise ValueError("--recipe-arg %s: %s's %s has no field '%s'"
                              % (arg, what, config_class.__name__, key))
+        if text in ("None", "null") and type(None) in typing.get_args(hints.get(key)):
+            out[key] = None
+            continue
         try:
-            value = ast.literal_eval(text.strip())
-        except (ValueError, SyntaxError):
-            value = text.strip()
-        out[key] = value
+            parsed, _ = parser.parse_known_args(["--" + key, text])
+        except ValueError as error:
+            raise ValueError("--recipe-arg %s: %s's HfArgumentParser refuses it: %s"
+                             % (arg, what, error)) from None
+        out[key] = getattr(parsed, key)
     return out
 
 

@@ -262,7 +262,7 @@ struct LoadedStep {
   std::string file;  // as the user named it: messages cite it so
   PyObject* function = nullptr;
   PyObject* cannot_run = nullptr;  // null when the module defines none
-  // A recipe run keeps a greenlet suspended between the step's calls (gradnorm_recipes.py);
+  // A recipe run keeps a greenlet suspended between the step's calls (gradnorm_frameworks.py);
   // a greenlet belongs to its thread's Python thread state, which must then live from the
   // first call to the last instead of being made and deleted around each call.
   bool keeps_thread_state = false;
@@ -689,14 +689,42 @@ const LoadedStep& load_recipe(const RecipeVariant& variant, std::string& name,
 
 }  // namespace
 
-bool is_trainer_recipe(std::string_view recipe) {
-  return recipe.rfind("transformers:", 0) == 0 || recipe.rfind("trl:", 0) == 0;
+namespace {
+
+// What the command line needs to know of a framework before its adapter is loaded: the model a
+// recipe run gives scenarios whose model is built in, and the framework argument that sets
+// the clip, if the framework has one a --recipe-arg may set.
+struct FrameworkFacts {
+  std::string_view prefix;  // "transformers:"
+  const char* default_model;
+  std::string_view clip_argument;
+};
+
+constexpr FrameworkFacts kFrameworks[] = {
+    {"transformers:", "python:" GRADNORM_EXAMPLES_DIR "/transformers/tiny_llama.py:hf_tiny_llama",
+     "max_grad_norm"},
+    {"trl:", "python:" GRADNORM_EXAMPLES_DIR "/transformers/tiny_llama.py:hf_tiny_llama",
+     "max_grad_norm"},
+    {"lightning:", "python:" GRADNORM_EXAMPLES_DIR "/python/tiny_transformer.py:tiny_transformer",
+     "gradient_clip_val"},
+};
+
+const FrameworkFacts* facts_of(std::string_view recipe) {
+  for (const FrameworkFacts& facts : kFrameworks) {
+    if (recipe.rfind(facts.prefix, 0) == 0) return &facts;
+  }
+  return nullptr;
+}
+
+}  // namespace
+
+std::string_view recipe_clip_argument(std::string_view recipe) {
+  const FrameworkFacts* facts = facts_of(recipe);
+  return facts == nullptr ? std::string_view() : facts->clip_argument;
 }
 
 std::string default_recipe_model(std::string_view recipe) {
-  if (is_trainer_recipe(recipe)) {
-    return "python:" GRADNORM_EXAMPLES_DIR "/transformers/tiny_llama.py:hf_tiny_llama";
-  }
+  if (const FrameworkFacts* facts = facts_of(recipe)) return facts->default_model;
   std::string spec = "python:" GRADNORM_EXAMPLES_DIR "/torchtune/tiny_llama.py:tiny_llama";
   // A LoRA recipe trains adapters, and so do torchtune's distilling recipes (their student
   // is a LoRA model): the default model is then the same decoder with LoRA on q and v.

@@ -4,6 +4,7 @@
 #include <ATen/ATen.h>
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <cmath>
 #include <limits>
 #include <string>
@@ -171,6 +172,27 @@ TEST(DistributedVerdict, NegativeControlRankOffByOneUlpDisagrees) {
 
   // And the untouched run still passes: the tampering did not leak into it.
   EXPECT_EQ(rejudge(j, j.run).kind, VerdictKind::pass) << explain(rejudge(j, j.run));
+}
+
+// Each rank is judged on its own observation: a logged loss wrong on rank 1 only fails the
+// logged-loss check for rank 1, and the reason names rank 1. (Rank 0's verdict copied to every
+// rank would leave only the replica check's "ranks disagree", with no logged-loss check.)
+TEST(DistributedVerdict, EachRankIsJudgedOnItsOwnObservation) {
+  harness::DeterminismGuard guard;
+  const auto j = judge_threads("dist/5-3/float32", "baseline");
+  ASSERT_TRUE(has_verdict(j, VerdictKind::pass));
+  ASSERT_TRUE(j.run.ranks[1].steps[0].logged_loss.has_value());
+
+  harness::RankedRun tampered = j.run;
+  tampered.ranks[1].steps[0].logged_loss = *tampered.ranks[1].steps[0].logged_loss * 1.01;
+  const oracles::Verdict v = rejudge(j, tampered);
+  EXPECT_EQ(v.kind, VerdictKind::fail) << explain(v);
+  EXPECT_NE(std::find(v.failed_checks.begin(), v.failed_checks.end(), "logged-loss"),
+            v.failed_checks.end())
+      << explain(v);
+  EXPECT_TRUE(any_reason_contains(v, "rank 1: step 0: logged loss")) << explain(v);
+  EXPECT_FALSE(any_reason_contains(v, "rank 0: step 0: logged loss")) << explain(v);
+  EXPECT_FALSE(any_reason_contains(v, "every rank")) << explain(v);
 }
 
 // A run that faulted is never a verdict on the arithmetic: it is an error mismatch that

@@ -272,24 +272,30 @@ scenarios::Scenario recipe_model_probe(const PythonStepOptions& step) {
   return probe;
 }
 
-constexpr std::string_view kClipSuffix = "@max_grad_norm=";
-
 std::string_view trimmed(std::string_view text) {
   const auto first = text.find_first_not_of(" \t");
   if (first == std::string_view::npos) return {};
   return text.substr(first, text.find_last_not_of(" \t") - first + 1);
 }
 
-// Trainer's and SFTTrainer's --recipe-arg max_grad_norm=V: the value as given and as a
-// number, or nothing where it is not given. Trainer clips to V where V > 0 and not at all
-// where V is 0 (TrainingArguments' documented meaning), so the scenario the oracle judges
-// clips to V, or not at all.
-std::optional<std::pair<std::string, double>> recipe_max_grad_norm(const PythonStepOptions& step) {
-  if (!python::is_trainer_recipe(step.recipe)) return std::nullopt;
-  std::optional<std::pair<std::string, double>> found;
+// The clip a --recipe-arg sets: Trainer's and SFTTrainer's max_grad_norm=V, Lightning's
+// gradient_clip_val=V.
+struct RecipeClip {
+  std::string suffix;  // "@max_grad_norm=V", V as given: the scenarios judged are named for it
+  double value;
+};
+
+// The framework's clip argument given as --recipe-arg KEY=V: its name suffix and value, or
+// nothing where it is not given. Both frameworks clip to V where V > 0 and not at all where V
+// is 0 (TrainingArguments' documented meaning; Lightning's Precision.clip_gradients returns
+// for V <= 0), so the scenario the oracle judges clips to V, or not at all.
+std::optional<RecipeClip> recipe_clip(const PythonStepOptions& step) {
+  const std::string_view key = python::recipe_clip_argument(step.recipe);
+  if (key.empty()) return std::nullopt;
+  std::optional<RecipeClip> found;
   for (const std::string& arg : step.recipe_args) {
     const auto equals = arg.find('=');
-    if (equals == std::string::npos || trimmed(std::string_view(arg).substr(0, equals)) != "max_grad_norm") {
+    if (equals == std::string::npos || trimmed(std::string_view(arg).substr(0, equals)) != key) {
       continue;
     }
     const std::string text(trimmed(std::string_view(arg).substr(equals + 1)));
@@ -298,12 +304,12 @@ std::optional<std::pair<std::string, double>> recipe_max_grad_norm(const PythonS
     if (text.empty() || error != std::errc() || end != text.data() + text.size() || !std::isfinite(value) ||
         value < 0) {
       throw scenarios::InvalidInput(fmt::format(
-          "--recipe-arg {}: max_grad_norm is a number >= 0 (0: Trainer does not clip), the norm the "
+          "--recipe-arg {}: {} is a number >= 0 (0: {} does not clip), the norm the "
           "gradients are clipped to; the scenarios judged clip to it too",
-          arg));
+          arg, key, key == "max_grad_norm" ? "Trainer" : "Lightning"));
     }
-    if (found) throw scenarios::InvalidInput("--recipe-arg max_grad_norm is given twice");
-    found.emplace(text, value);
+    if (found) throw scenarios::InvalidInput(fmt::format("--recipe-arg {} is given twice", key));
+    found.emplace(RecipeClip{fmt::format("@{}={}", key, text), value});
   }
   return found;
 }
@@ -315,8 +321,8 @@ std::vector<std::string> recipe_scenario_patterns(std::vector<std::string> patte
   if (step.recipe.empty()) return patterns;
   const std::string prefix = recipe_model_probe(step).model_function + "/";
   // Only this run's clip suffix: a name clipped otherwise is no scenario of this run.
-  const auto max_grad_norm = recipe_max_grad_norm(step);
-  const std::string suffix = max_grad_norm ? std::string(kClipSuffix) + max_grad_norm->first : "";
+  const auto clip = recipe_clip(step);
+  const std::string suffix = clip ? clip->suffix : "";
   for (std::string& pattern : patterns) {
     if (pattern.size() > prefix.size() && pattern.rfind(prefix, 0) == 0) pattern.erase(0, prefix.size());
     if (!suffix.empty() && pattern.size() > suffix.size() &&
@@ -331,7 +337,7 @@ std::vector<scenarios::Scenario> with_recipe_model(std::vector<scenarios::Scenar
                                                    const PythonStepOptions& step, bool recipes) {
   if (!recipes) return list;
   const scenarios::Scenario probe = recipe_model_probe(step);
-  const auto max_grad_norm = recipe_max_grad_norm(step);
+  const auto clip = recipe_clip(step);
   std::vector<scenarios::Scenario> out;
   std::size_t left_out = 0;
   for (scenarios::Scenario s : list) {
@@ -345,9 +351,9 @@ std::vector<scenarios::Scenario> with_recipe_model(std::vector<scenarios::Scenar
       s.model_function = probe.model_function;
       s.name = probe.model_function + "/" + s.name;
     }
-    if (max_grad_norm) {  // named for it: the scenario's contract is no longer the catalogue's
-      s.clip_max_norm = max_grad_norm->second > 0 ? std::optional<double>(max_grad_norm->second) : std::nullopt;
-      s.name += std::string(kClipSuffix) + max_grad_norm->first;
+    if (clip) {  // named for it: the scenario's contract is no longer the catalogue's
+      s.clip_max_norm = clip->value > 0 ? std::optional<double>(clip->value) : std::nullopt;
+      s.name += clip->suffix;
     }
     out.push_back(std::move(s));
   }

@@ -64,10 +64,12 @@ struct RecipeVariant {
 // The model a recipe run (--recipe FRAMEWORK:TARGET) gives scenarios whose model is built in
 // ("python:FILE:FUNCTION" at a tiny size): torchtune's own Llama 3 builder
 // (examples/torchtune/tiny_llama.py, with LoRA for the LoRA and distilling recipes), or
-// transformers' LlamaForCausalLM (examples/transformers/tiny_llama.py).
+// transformers' LlamaForCausalLM (examples/transformers/tiny_llama.py), or a plain torch
+// module for Lightning (examples/python/tiny_transformer.py).
 [[nodiscard]] std::string default_recipe_model(std::string_view recipe);
-// Whether a --recipe runs Transformers' Trainer or TRL's SFTTrainer (transformers:..., trl:...).
-[[nodiscard]] bool is_trainer_recipe(std::string_view recipe);
+// The framework argument a --recipe-arg sets the clip with ("max_grad_norm" for Trainer and
+// SFTTrainer, "gradient_clip_val" for Lightning), or empty where the framework has none.
+[[nodiscard]] std::string_view recipe_clip_argument(std::string_view recipe);
 
 // make_python_variant, then harness::register_variant.
 void register_python_step(const PythonVariant& variant);

@@ -1,0 +1,157 @@
+#!/usr/bin/env bash
+# ctest: PyTorch Lightning's Trainer.fit, unmodified (lightning 2.6.6, requirements.txt), on the
+# LightningModules of examples/lightning/ and tests/python/lightning/, judged on catalogue
+# scenarios with examples/python/tiny_transformer.py: on one device in-process and on 2 rank
+# processes over Gloo DDP; every duty of the adapter with a negative control (what it feeds,
+# captures, clips, logs, resets); Lightning's own argument parser for --recipe-arg; bad input
+# (exit 2). The figures are the ones measured and explained in docs/findings.md ("PyTorch
+# Lightning"). Skips (77) where lightning cannot be imported.
+# Arguments: GRADNORM_BINARY SOURCE_DIR WORK_DIR
+set -uo pipefail
+gradnorm="$1"
+source_dir="$2"
+work="$3"
+python="${GRADNORM_PYTHON:?set it to the environment python, as ctest does}"
+if ! why=$("$python" -c 'import lightning.pytorch, pytorch_lightning' 2>&1); then
+  echo "SKIP: lightning does not import in $python: $(echo "$why" | tail -1)"
+  exit 77
+fi
+source "$(dirname "${BASH_SOURCE[0]}")/script_common.sh"
+unset PYTHONPATH
+examples=$source_dir/examples/lightning
+tests=$source_dir/tests/python/lightning
+mean=lightning:$examples/mean_loss.py:MeanLoss
+tokens=lightning:$examples/token_normalised.py:TokenNormalised
+scenarios=$tests/scenarios.toml
+
+# One device. The idiomatic module (each micro-batch's mean, Lightning divides by
+# accumulate_grad_batches): right with one micro-batch a window, over several steps with
+# momentum and with clipping active; wrong on ragged accumulation, where it also logs the last
+# micro-batch's mean.
+"$gradnorm" run --recipe "$mean" -s single/n5/float32 -s single/clip-active/float32 \
+  -s single/n5-momentum-3steps/float32 -s single/accum2-ragged/float32 \
+  -s single/accum2-empty-first-mean_ce/float32 -s single/all-masked-mean_ce/float32 \
+  --json mean.json --markdown mean.md > mean.txt 2>&1
+echo "mean: exit $?" >> mean.txt
+row tiny_transformer/single/n5/float32 lightning/mean_loss.MeanLoss pass mean.txt
+row tiny_transformer/single/clip-active/float32 lightning/mean_loss.MeanLoss pass mean.txt
+row tiny_transformer/single/n5-momentum-3steps/float32 lightning/mean_loss.MeanLoss pass mean.txt
+row tiny_transformer/single/accum2-ragged/float32 lightning/mean_loss.MeanLoss fail mean.txt
+expect "step 0: gradients rel L2 error 0.289 > 1e-05" mean.txt
+expect "step 0: logged loss 1.96246243, oracle 2.36283561" mean.txt
+row tiny_transformer/single/accum2-empty-first-mean_ce/float32 lightning/mean_loss.MeanLoss fail mean.txt
+expect "step 0: gradients rel L2 error 0.5 > 1e-05" mean.txt
+row tiny_transformer/single/all-masked-mean_ce/float32 lightning/mean_loss.MeanLoss error-mismatch mean.txt
+expect "mean: exit 1" mean.txt
+expect "lightning/mean_loss.MeanLoss is $examples/mean_loss.py:MeanLoss (lightning 2.6.6's Trainer), unmodified" mean.txt
+expect "(lightning 2.6.6's Trainer), unmodified" mean.json
+expect "(lightning 2.6.6's Trainer), unmodified" mean.md
+
+# The module normalising by the window's and the ranks' tokens: right on ragged accumulation,
+# with an empty micro-batch, with the first label valid, clipping, and several steps.
+"$gradnorm" run --recipe "$tokens" -s single/accum2-ragged/float32 -s single/accum4-ragged/float32 \
+  -s single/accum2-empty-first-mean_ce/float32 -s first-valid/single/accum2-ragged/float32 \
+  -s single/accum2-clip-active/float32 -f "$scenarios" -s 'lightning/accum2*' > tokens.txt 2>&1
+echo "tokens: exit $?" >> tokens.txt
+for s in single/accum2-ragged/float32 single/accum4-ragged/float32 \
+         single/accum2-empty-first-mean_ce/float32 first-valid/single/accum2-ragged/float32 \
+         single/accum2-clip-active/float32; do
+  row tiny_transformer/$s lightning/token_normalised.TokenNormalised pass tokens.txt
+done
+row lightning/accum2-momentum-3steps-clip lightning/token_normalised.TokenNormalised pass tokens.txt
+expect "tokens: exit 0" tokens.txt
+
+# The partial last window: accumulate_grad_batches=3 on a one-step scenario of 2 micro-batches
+# (and of 1): Lightning steps at the epoch's end and still divides each loss by 3.
+"$gradnorm" run --recipe "$mean" --recipe-arg accumulate_grad_batches=3 -s single/n5/float32 \
+  -s single/accum2-ragged/float32 -s single/n5-momentum-3steps/float32 > partial.txt 2>&1
+row tiny_transformer/single/n5/float32 lightning/mean_loss.MeanLoss fail partial.txt
+expect "step 0: gradients rel L2 error 0.667 > 1e-05" partial.txt
+row tiny_transformer/single/accum2-ragged/float32 lightning/mean_loss.MeanLoss fail partial.txt
+expect "step 0: gradients rel L2 error 0.429 > 1e-05" partial.txt
+expect "1 pairs left out" partial.txt
+"$gradnorm" run --recipe "$tokens" --recipe-arg accumulate_grad_batches=3 -s single/n5/float32 \
+  -s single/accum2-ragged/float32 > partial-tokens.txt 2>&1
+row tiny_transformer/single/accum2-ragged/float32 lightning/token_normalised.TokenNormalised pass partial-tokens.txt
+
+# gradient_clip_val from the command line: every scenario clips to it, named for it.
+"$gradnorm" run --recipe "$tokens" --recipe-arg gradient_clip_val=0.05 -s single/accum2-ragged/float32 \
+  > clip-arg.txt 2>&1
+row "tiny_transformer/single/accum2-ragged/float32@gradient_clip_val=0.05" lightning/token_normalised.TokenNormalised pass clip-arg.txt
+
+# 2 rank processes over Gloo DDP.
+"$gradnorm" run --recipe "$mean" --nproc 2 -s dist/5-3/float32 -s dist/4-4/float32 > mean-dist.txt 2>&1
+row tiny_transformer/dist/5-3/float32 lightning/mean_loss.MeanLoss fail mean-dist.txt
+expect "every rank: step 0: gradients rel L2 error 0.244 > 1e-05" mean-dist.txt
+row tiny_transformer/dist/4-4/float32 lightning/mean_loss.MeanLoss fail mean-dist.txt
+expect "every rank: step 0: logged loss 2.43944097, oracle 2.41161241" mean-dist.txt
+"$gradnorm" run --recipe "$tokens" --nproc 2 -s dist/5-3/float32 -s dist/accum2-ragged/float32 \
+  -s dist/5-3-clip-active/float32 -s first-valid/dist/5-3/float32 -f "$scenarios" -s 'lightning/dist*' \
+  > tokens-dist.txt 2>&1
+echo "tokens-dist: exit $?" >> tokens-dist.txt
+for s in dist/5-3/float32 dist/accum2-ragged/float32 dist/5-3-clip-active/float32 first-valid/dist/5-3/float32; do
+  row tiny_transformer/$s lightning/token_normalised.TokenNormalised pass tokens-dist.txt
+done
+row lightning/dist-accum2-momentum-3steps-clip lightning/token_normalised.TokenNormalised pass tokens-dist.txt
+expect "tokens-dist: exit 0" tokens-dist.txt
+
+# pytorch_lightning's Trainer for a module of that name.
+"$gradnorm" run --recipe "lightning:$tests/pl_mean_loss.py:PlMeanLoss" -s single/n5/float32 > pl.txt 2>&1
+row tiny_transformer/single/n5/float32 lightning/pl_mean_loss.PlMeanLoss pass pl.txt
+expect "(pytorch_lightning 2.6.6's Trainer), unmodified" pl.txt
+
+# Negative controls, one per duty of the adapter, each a module patched through Lightning's
+# own hooks (tests/python/lightning/modules.py).
+# Resets: zero_grad skipped piles each step's gradients onto the last's.
+"$gradnorm" run --recipe "lightning:$tests/modules.py:ForgetsZeroGrad" -s single/n5-momentum-3steps/float32 \
+  > zero-grad.txt 2>&1
+row tiny_transformer/single/n5-momentum-3steps/float32 lightning/modules.ForgetsZeroGrad fail zero-grad.txt
+expect "step 1: gradients rel L2 error 0.887 > 1e-05" zero-grad.txt
+"$gradnorm" run --recipe "lightning:$tests/modules.py:ForgetsZeroGrad" --nproc 2 -f "$scenarios" \
+  -s 'lightning/dist*' > zero-grad-dist.txt 2>&1
+row lightning/dist-accum2-momentum-3steps-clip lightning/modules.ForgetsZeroGrad fail zero-grad-dist.txt
+expect "every rank: step 1: gradients rel L2 error" zero-grad-dist.txt
+# Feeds: what reached the model is checked against the scenario's micro-batches.
+"$gradnorm" run --recipe "lightning:$tests/modules.py:FeedsReversed" -s single/accum2-ragged/float32 \
+  > fed.txt 2>&1
+row tiny_transformer/single/accum2-ragged/float32 lightning/modules.FeedsReversed error-mismatch fed.txt
+expect "rank 0 step 0: the model was given input_ids that are not this window's micro-batches in order" fed.txt
+"$gradnorm" run --recipe "lightning:$tests/modules.py:FeedsReversed" --nproc 2 -s dist/5-3/float32 \
+  > fed-dist.txt 2>&1
+expect "rank 1 step 0: the model was given input_ids that are not this window's micro-batches in order" fed-dist.txt
+# Logs: nothing under "loss", or another value than the loss.
+"$gradnorm" run --recipe "lightning:$tests/modules.py:SkipsLog" -s single/n5/float32 > no-log.txt 2>&1
+expect "step 0: no loss was logged" no-log.txt
+"$gradnorm" run --recipe "lightning:$tests/modules.py:SkipsLog" --recipe-arg log_name=train_loss \
+  -s single/n5/float32 > log-name.txt 2>&1
+row tiny_transformer/single/n5/float32 lightning/modules.SkipsLog pass log-name.txt
+"$gradnorm" run --recipe "lightning:$tests/modules.py:LogsDoubled" -s single/n5/float32 > doubled.txt 2>&1
+expect "step 0: logged loss 4.53319073, oracle 2.26659533" doubled.txt
+# Clips: a module clipping to a tenth of the norm it was given.
+"$gradnorm" run --recipe "lightning:$tests/modules.py:ClipsTwice" -s single/clip-active/float32 > clip.txt 2>&1
+row tiny_transformer/single/clip-active/float32 lightning/modules.ClipsTwice fail clip.txt
+expect "step 0: gradients rel L2 error 0.9 > 1e-05" clip.txt
+
+# Bad input: exit 2 before anything runs, naming what is wrong.
+bad() {  # bad NAME TEXT ARGS...: exit 2 and TEXT in the message
+  local name=$1 text=$2
+  shift 2
+  "$gradnorm" run "$@" -s single/n5/float32 > "$name.txt" 2>&1
+  echo "$name: exit $?" >> "$name.txt"
+  expect "$name: exit 2" "$name.txt"
+  expect "$text" "$name.txt"
+}
+bad owned "the scenario decides max_steps (steps)" --recipe "$mean" --recipe-arg max_steps=3
+bad refused "lightning 2.6.6's Trainer argument parser refuses detect_anomaly=maybe" \
+  --recipe "$mean" --recipe-arg detect_anomaly=maybe
+bad unknown-arg "refuses no_such_argument=1" --recipe "$mean" --recipe-arg no_such_argument=1
+bad no-class "defines no LightningModule subclass named 'NotAModule'" \
+  --recipe "lightning:$tests/modules.py:NotAModule"
+bad function "defines no LightningModule subclass named 'not_a_class'" \
+  --recipe "lightning:$tests/modules.py:not_a_class"
+bad no-file "no such file" --recipe lightning:no_such_file.py:MeanLoss
+bad no-class-name "expected lightning:PATH.py:CLASS" --recipe "lightning:$examples/mean_loss.py"
+bad negative-clip "gradient_clip_val is a number >= 0 (0: Lightning does not clip)" \
+  --recipe "$mean" --recipe-arg gradient_clip_val=-1
+
+exit $failed
