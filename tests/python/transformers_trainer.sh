@@ -57,6 +57,16 @@ expect "v5-dist: exit 0" v5-dist.txt
   --recipe-arg average_tokens_across_devices=False > v5-noavg.txt 2>&1
 row hf_tiny_llama/dist/5-3/float32 $trainer fail v5-noavg.txt
 expect "every rank: step 0: gradients rel L2 error 0.223 > 1e-05" v5-noavg.txt
+# The other spellings Hugging Face's own parser (HfArgumentParser) takes for False, as its
+# command line and YAML configs spell them: each trains without averaging. Before the value
+# was parsed by that parser, "false" was the string "false", which is true: averaging stayed
+# on and the row passed.
+for spelling in false no 0; do
+  "$gradnorm" run --recipe transformers:trainer --nproc 2 -s dist/5-3/float32 \
+    --recipe-arg average_tokens_across_devices=$spelling > v5-noavg-$spelling.txt 2>&1
+  row hf_tiny_llama/dist/5-3/float32 $trainer fail v5-noavg-$spelling.txt
+  expect "every rank: step 0: gradients rel L2 error 0.223 > 1e-05" v5-noavg-$spelling.txt
+done
 
 # 4.57.6: counts the label the model's shift drops; rounds the logged loss to 4 decimals.
 PYTHONPATH="$v4" "$gradnorm" run --recipe transformers:trainer -s single/accum2-ragged/float32 \
@@ -203,6 +213,16 @@ expect "owned: exit 2" owned.txt
 echo "unknown: exit $?" >> unknown.txt
 expect "TrainingArguments has no field 'no_such_field'" unknown.txt
 expect "unknown: exit 2" unknown.txt
+"$gradnorm" run --recipe transformers:trainer --recipe-arg average_tokens_across_devices=maybe \
+  -s single/n3/float32 > refused.txt 2>&1
+echo "refused: exit $?" >> refused.txt
+expect "--recipe-arg average_tokens_across_devices=maybe: transformers 5.18.0's HfArgumentParser refuses it" refused.txt
+expect "refused: exit 2" refused.txt
+"$gradnorm" run --recipe transformers:trainer --recipe-arg warmup_steps=abc -s single/n3/float32 \
+  > refused-number.txt 2>&1
+echo "refused-number: exit $?" >> refused-number.txt
+expect "HfArgumentParser refuses it" refused-number.txt
+expect "refused-number: exit 2" refused-number.txt
 "$gradnorm" run --recipe "transformers:$mine:NoSuchTrainer" -s single/n3/float32 > missing.txt 2>&1
 echo "missing: exit $?" >> missing.txt
 expect "defines no Trainer subclass or function named 'NoSuchTrainer'" missing.txt

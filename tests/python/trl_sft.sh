@@ -47,6 +47,10 @@ expect "trl 1.16.0's SFTTrainer (transformers 5.18.0), unmodified" one.json
 "$gradnorm" run --recipe trl:sft --recipe-arg max_length=None -s single/accum4-ragged/float32 \
   -s single/clip-zero/float32 -s single/all-masked-mean_ce/float32 > nomax.txt 2>&1
 row hf_tiny_llama/single/accum4-ragged/float32 $sft pass nomax.txt
+# YAML's spelling of None (a TRL config file's max_length: null) means the same.
+"$gradnorm" run --recipe trl:sft --recipe-arg max_length=null -s single/accum4-ragged/float32 \
+  > nomax-null.txt 2>&1
+row hf_tiny_llama/single/accum4-ragged/float32 $sft pass nomax-null.txt
 row hf_tiny_llama/single/clip-zero/float32 $sft fail nomax.txt
 row hf_tiny_llama/single/all-masked-mean_ce/float32 $sft error-mismatch nomax.txt
 expect "N == 0 but the step returned finite gradients, loss and parameters" nomax.txt
