@@ -206,21 +206,23 @@ class _Samples(torch.utils.data.Dataset):
         rank, k = index % run.dp_size, index // run.dp_size
         if rank != run.dp_rank:
             raise _gf.Unsupported(
-                "Lightning's sampler handed rank %d the sample %d, which is rank %d's: "
-                "gradnorm's dataset follows torch's DistributedSampler order (rank r gets r, "
-                "r+W, ...) without shuffling" % (run.dp_rank, index, rank))
+                "%s's sampler handed rank %d the sample %d, which is rank %d's: gradnorm's "
+                "dataset follows torch's DistributedSampler order (rank r gets r, r+W, ...) "
+                "without shuffling" % (run.framework, run.dp_rank, index, rank))
         per_step = run.accumulation_steps * run.micro_batch_size
         step, within = k // per_step, k % per_step
         micro, row = within // run.micro_batch_size, within % run.micro_batch_size
+        run.reached(step)
         tokens, aligned = _gf.aligned_sample(run.ctx.batches_of(step)[micro], row)
         return {"input_ids": tokens.clone(), "labels": aligned}
 
 
-def _logger_class(package):
-    Logger = _submodule(package, "loggers").Logger
+def logger_class(Logger):
+    """A subclass of Logger (Lightning's or Fabric's) keeping what is logged under the run's
+    log name, by the optimizer steps taken so far."""
 
     class Capture(Logger):
-        """Keeps what Lightning hands its loggers, by the optimizer steps taken so far."""
+        """Keeps what the framework hands its loggers, by the optimizer steps taken so far."""
 
         def __init__(self, run):
             super().__init__()
@@ -264,18 +266,45 @@ def _callback_class(package):
 _PRECISION = {"float32": "32-true", "bfloat16": "bf16-true", "float64": "64-true"}
 
 
-class _LightningRun(_gf.GreenletRun):
-    """Trainer.fit on this rank."""
+class LightningFamilyRun(_gf.GreenletRun):
+    """What Lightning's Trainer and Fabric share on this rank: the environment Lightning reads
+    its rank from, the samples and their feeding proof, the clipped norm, the hand-over."""
 
     takes_closure = True
+    framework = "Lightning"
 
     def __init__(self, recipe, ctx):
         self.recipe = recipe
-        self.feeding = _gf.FeedingProof("Lightning", "its sampler")
+        self.feeding = _gf.FeedingProof(self.framework, "its sampler")
         self.stepped = 0  # optimizer steps handed over
         self.clip_norms = {}  # optimizer step (from 1) -> the norm clip_grad_norm_ returned
         self._output = tempfile.TemporaryDirectory(prefix="gradnorm-lightning-")
         super().__init__(ctx)
+
+    def reached(self, step):
+        """Called by the samples before one of STEP's is served."""
+
+    def dataloader(self):
+        """Every rank's samples behind a DistributedSampler without shuffling (a framework
+        keeps a DistributedSampler it is given; the one Lightning's Trainer would put in for
+        training shuffles, data_connector.py's _process_dataloader sets is_shuffled = True)."""
+        samples = _Samples(self)
+        sampler = torch.utils.data.DistributedSampler(
+            samples, num_replicas=self.dp_size, rank=self.dp_rank, shuffle=False)
+        return torch.utils.data.DataLoader(samples, batch_size=self.micro_batch_size,
+                                           sampler=sampler, collate_fn=self.collate)
+
+    def fed_model(self):
+        """The scenario's model, recording what reaches it."""
+        model = self.scenario_model()
+        model.register_forward_pre_hook(
+            lambda _m, args, kwargs: self.feeding.fed(kwargs.get("input_ids", args[0] if args else None)),
+            with_kwargs=True)
+        self.recipe_model = model
+        return model
+
+    def environment_plugin(self, package):
+        return _submodule(package, "plugins.environments").LightningEnvironment()
 
     def quiet_warnings(self):
         PossibleUserWarning = _submodule(self.recipe.package, "utilities.warnings").PossibleUserWarning
@@ -320,14 +349,25 @@ class _LightningRun(_gf.GreenletRun):
         self.feeding.collated(batch["input_ids"])
         return batch
 
+    def _finished(self):
+        self._output.cleanup()
+
+    def hand_over(self, optimizer):
+        self.feeding.check([b["tokens"] for b in self.ctx.micro_batches], self.dp_rank, self.step)
+        if self.stepped != self.step:
+            raise RuntimeError("%s stepped its optimizer twice in gradnorm step %d"
+                               % (self.framework, self.step))
+        self.stepped += 1
+        super().hand_over(optimizer)
+
+
+class _LightningRun(LightningFamilyRun):
+    """Trainer.fit on this rank."""
+
     def _main(self):
         package = self.recipe.package
         self._environment()
-        model = self.scenario_model()
-        model.register_forward_pre_hook(
-            lambda _m, args, kwargs: self.feeding.fed(kwargs.get("input_ids", args[0] if args else None)),
-            with_kwargs=True)
-        self.recipe_model = model
+        model = self.fed_model()
         module = self.recipe.cls(model)
         lr = float(self.scenario["learning_rate"])
         # The scenario decides the optimizer: set on this instance, the user's class untouched.
@@ -336,13 +376,13 @@ class _LightningRun(_gf.GreenletRun):
         arguments = dict(
             accelerator="cpu", devices=self.dp_size, num_nodes=1,
             strategy="ddp" if self.dp_size > 1 else "auto",
-            plugins=[_submodule(package, "plugins.environments").LightningEnvironment()],
+            plugins=[self.environment_plugin(package)],
             precision=_PRECISION[self.scenario["dtype"]],
             max_steps=self.steps, max_epochs=1,
             accumulate_grad_batches=self.recipe.accumulate or self.accumulation_steps,
             gradient_clip_val=None if clip is None else float(clip),
             gradient_clip_algorithm="norm",
-            logger=_logger_class(package)(self), log_every_n_steps=1,
+            logger=logger_class(_submodule(package, "loggers").Logger)(self), log_every_n_steps=1,
             callbacks=[_callback_class(package)(self)],
             enable_checkpointing=False, enable_progress_bar=False, enable_model_summary=False,
             default_root_dir=self._output.name, num_sanity_val_steps=0,
@@ -350,15 +390,7 @@ class _LightningRun(_gf.GreenletRun):
         arguments.update(self.recipe.overrides)
         trainer = package.Trainer(**arguments)
         self._check_distributed(trainer)
-        samples = _Samples(self)
-        # Lightning's own distributed sampler for training shuffles whatever the DataLoader
-        # asked (data_connector.py's _process_dataloader sets is_shuffled = True for the
-        # training stage); it keeps a DistributedSampler it is given.
-        sampler = torch.utils.data.DistributedSampler(
-            samples, num_replicas=self.dp_size, rank=self.dp_rank, shuffle=False)
-        loader = torch.utils.data.DataLoader(samples, batch_size=self.micro_batch_size,
-                                             sampler=sampler, collate_fn=self.collate)
-        trainer.fit(module, train_dataloaders=loader)
+        trainer.fit(module, train_dataloaders=self.dataloader())
         self.finished = True
 
     def _check_distributed(self, trainer):
@@ -367,27 +399,19 @@ class _LightningRun(_gf.GreenletRun):
                 "Lightning set up rank %d of %d for rank %d of a scenario of %d ranks"
                 % (trainer.global_rank, trainer.world_size, self.dp_rank, self.dp_size))
 
-    def _finished(self):
-        self._output.cleanup()
 
-    def hand_over(self, optimizer):
-        self.feeding.check([b["tokens"] for b in self.ctx.micro_batches], self.dp_rank, self.step)
-        if self.stepped != self.step:
-            raise RuntimeError("Lightning stepped its optimizer twice in gradnorm step %d"
-                               % self.step)
-        self.stepped += 1
-        super().hand_over(optimizer)
+def make_step(recipe, run_class=None):
+    """The step of a Lightning-family run: _LightningRun's, or a subclass's (Fabric's)."""
+    run_class = run_class or _LightningRun
 
-
-def make_step(recipe):
     def step(ctx):
         run = ctx.state.get("lightning run")
         if run is None:
-            run = ctx.state["lightning run"] = _LightningRun(recipe, ctx)
+            run = ctx.state["lightning run"] = run_class(recipe, ctx)
         run.advance(ctx, ctx.step_index)
         if run.stepped != ctx.step_index + 1:
-            raise RuntimeError("Lightning did not step its optimizer in gradnorm step %d"
-                               % ctx.step_index)
+            raise RuntimeError("%s did not step its optimizer in gradnorm step %d"
+                               % (run.framework, ctx.step_index))
         # Counted from 1: the optimizer steps taken when Lightning logged.
         logged = _gf.logged_values(run.logged, ctx.step_index + 1)
         if ctx.step_index + 1 in run.clip_norms:

@@ -707,6 +707,7 @@ constexpr FrameworkFacts kFrameworks[] = {
      "max_grad_norm"},
     {"lightning:", "python:" GRADNORM_EXAMPLES_DIR "/python/tiny_transformer.py:tiny_transformer",
      "gradient_clip_val"},
+    {"fabric:", "python:" GRADNORM_EXAMPLES_DIR "/python/tiny_transformer.py:tiny_transformer", ""},
 };
 
 const FrameworkFacts* facts_of(std::string_view recipe) {

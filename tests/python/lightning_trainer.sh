@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # ctest: PyTorch Lightning's Trainer.fit, unmodified (lightning 2.6.6, requirements.txt), on the
-# LightningModules of examples/lightning/ and tests/python/lightning/, judged on catalogue
+# LightningModules of examples/lightning/ and tests/python/lightning/, and Lightning Fabric
+# running the loops of examples/fabric/ and tests/python/lightning/loops.py, judged on catalogue
 # scenarios with examples/python/tiny_transformer.py: on one device in-process and on 2 rank
 # processes over Gloo DDP; every duty of the adapter with a negative control (what it feeds,
 # captures, clips, logs, resets); Lightning's own argument parser for --recipe-arg; bad input
@@ -132,6 +133,46 @@ expect "step 0: logged loss 4.53319073, oracle 2.26659533" doubled.txt
 row tiny_transformer/single/clip-active/float32 lightning/modules.ClipsTwice fail clip.txt
 expect "step 0: gradients rel L2 error 0.9 > 1e-05" clip.txt
 
+# Lightning Fabric: a user's loop (examples/fabric/loops.py), one device and 2 ranks.
+loops=$source_dir/examples/fabric/loops.py
+"$gradnorm" run --recipe "fabric:$loops:mean_loop" -s single/n5/float32 -s single/accum2-ragged/float32 \
+  > fabric-mean.txt 2>&1
+row tiny_transformer/single/n5/float32 fabric/loops.mean_loop pass fabric-mean.txt
+row tiny_transformer/single/accum2-ragged/float32 fabric/loops.mean_loop fail fabric-mean.txt
+expect "step 0: gradients rel L2 error 0.289 > 1e-05" fabric-mean.txt
+expect "fabric/loops.mean_loop is $loops:mean_loop (lightning 2.6.6's Fabric), unmodified" fabric-mean.txt
+"$gradnorm" run --recipe "fabric:$loops:token_loop" -s single/accum2-ragged/float32 \
+  -s single/accum2-clip-active/float32 -s single/accum2-empty-first-mean_ce/float32 \
+  -f "$scenarios" -s 'lightning/accum2*' > fabric-tokens.txt 2>&1
+echo "fabric-tokens: exit $?" >> fabric-tokens.txt
+for s in single/accum2-ragged/float32 single/accum2-clip-active/float32 single/accum2-empty-first-mean_ce/float32; do
+  row tiny_transformer/$s fabric/loops.token_loop pass fabric-tokens.txt
+done
+row lightning/accum2-momentum-3steps-clip fabric/loops.token_loop pass fabric-tokens.txt
+expect "fabric-tokens: exit 0" fabric-tokens.txt
+"$gradnorm" run --recipe "fabric:$loops:mean_loop" --nproc 2 -s dist/5-3/float32 > fabric-mean-dist.txt 2>&1
+row tiny_transformer/dist/5-3/float32 fabric/loops.mean_loop fail fabric-mean-dist.txt
+expect "every rank: step 0: gradients rel L2 error 0.244 > 1e-05" fabric-mean-dist.txt
+"$gradnorm" run --recipe "fabric:$loops:token_loop" --nproc 2 -s dist/5-3-clip-active/float32 \
+  -f "$scenarios" -s 'lightning/dist*' > fabric-tokens-dist.txt 2>&1
+row tiny_transformer/dist/5-3-clip-active/float32 fabric/loops.token_loop pass fabric-tokens-dist.txt
+row lightning/dist-accum2-momentum-3steps-clip fabric/loops.token_loop pass fabric-tokens-dist.txt
+# Its negative controls (tests/python/lightning/loops.py): resets, feeds, logs, clips.
+fabric_tests=$tests/loops.py
+"$gradnorm" run --recipe "fabric:$fabric_tests:forgets_zero_grad" -f "$scenarios" -s 'lightning/accum2*' \
+  > fabric-zero-grad.txt 2>&1
+row lightning/accum2-momentum-3steps-clip fabric/loops.forgets_zero_grad fail fabric-zero-grad.txt
+expect "step 1: gradients rel L2 error" fabric-zero-grad.txt
+"$gradnorm" run --recipe "fabric:$fabric_tests:feeds_reversed" -s single/accum2-ragged/float32 > fabric-fed.txt 2>&1
+expect "rank 0 step 0: the model was given input_ids that are not this window's micro-batches in order" fabric-fed.txt
+"$gradnorm" run --recipe "fabric:$fabric_tests:logs_elsewhere" -s single/n5/float32 > fabric-no-log.txt 2>&1
+expect "step 0: no loss was logged" fabric-no-log.txt
+"$gradnorm" run --recipe "fabric:$fabric_tests:logs_elsewhere" --recipe-arg log_name=train_loss \
+  -s single/n5/float32 > fabric-log-name.txt 2>&1
+row tiny_transformer/single/n5/float32 fabric/loops.logs_elsewhere pass fabric-log-name.txt
+"$gradnorm" run --recipe "fabric:$fabric_tests:never_clips" -s single/clip-active/float32 > fabric-clip.txt 2>&1
+expect "step 0: clip_max_norm is 0.01 but clip_grad_norm_ never ran" fabric-clip.txt
+
 # Bad input: exit 2 before anything runs, naming what is wrong.
 bad() {  # bad NAME TEXT ARGS...: exit 2 and TEXT in the message
   local name=$1 text=$2
@@ -151,6 +192,9 @@ bad function "defines no LightningModule subclass named 'not_a_class'" \
   --recipe "lightning:$tests/modules.py:not_a_class"
 bad no-file "no such file" --recipe lightning:no_such_file.py:MeanLoss
 bad no-class-name "expected lightning:PATH.py:CLASS" --recipe "lightning:$examples/mean_loss.py"
+bad fabric-arg "a Fabric loop takes log_name=NAME only" --recipe "fabric:$loops:token_loop" \
+  --recipe-arg devices=4
+bad fabric-class "defines no function named 'MeanLoss'" --recipe "fabric:$examples/mean_loss.py:MeanLoss"
 bad negative-clip "gradient_clip_val is a number >= 0 (0: Lightning does not clip)" \
   --recipe "$mean" --recipe-arg gradient_clip_val=-1
 
