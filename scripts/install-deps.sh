@@ -123,3 +123,15 @@ install_overlay trl-1.16.0 requirements-trl.txt "$trl_imports"
 # stands beside.
 install_overlay trl-1.16.0-transformers-4.57.6 requirements-trl-transformers4.txt "$trl_imports
 assert transformers.__version__ == \"4.57.6\", transformers.__version__" transformers-4.57.6
+
+# litgpt beside transformers 4.57.6 (requirements-litgpt.txt says why): after install_overlay
+# transformers-4.57.6, which it stands beside.
+install_overlay litgpt-0.5.13 requirements-litgpt.txt '
+import warnings
+warnings.filterwarnings("ignore")
+import litgpt, jsonargparse, huggingface_hub
+import importlib.metadata as metadata
+assert metadata.version("litgpt") == "0.5.13", metadata.version("litgpt")
+from litgpt.finetune import full  # noqa: F401
+print("install-deps: litgpt", metadata.version("litgpt"), "with jsonargparse", jsonargparse.__version__,
+      "and huggingface_hub", huggingface_hub.__version__)' transformers-4.57.6
