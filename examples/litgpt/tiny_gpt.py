@@ -16,3 +16,22 @@ def tiny_gpt(vocab_size, hidden_size, sequence_length):
                     bias=False, norm_class_name="RMSNorm", mlp_class_name="LLaMAMLP",
                     intermediate_size=2 * hidden_size)
     return GPT(config)
+
+
+def tiny_gpt_lora(vocab_size, hidden_size, sequence_length):
+    """litgpt's LoRA GPT (litgpt.lora.GPT) of the same size, LoRA of rank 2 on the query and
+    value projections, no dropout (the oracle has none), only the LoRA matrices trainable
+    (litgpt's own mark_only_lora_as_trainable): what --recipe litgpt:finetune_lora trains.
+    gradnorm passes these LoRA settings to finetune_lora's command line (--lora_r, ...)."""
+    from litgpt.lora import GPT, Config, mark_only_lora_as_trainable
+    base = tiny_gpt(vocab_size, hidden_size, sequence_length).config
+    fields = {name: getattr(base, name) for name in (
+        "name", "block_size", "vocab_size", "padded_vocab_size", "n_layer", "n_head", "n_embd",
+        "n_query_groups", "rotary_percentage", "parallel_residual", "bias", "norm_class_name",
+        "mlp_class_name", "intermediate_size")}
+    config = Config(**fields, lora_r=2, lora_alpha=4, lora_dropout=0.0, lora_query=True,
+                    lora_key=False, lora_value=True, lora_projection=False, lora_mlp=False,
+                    lora_head=False)
+    model = GPT(config)
+    mark_only_lora_as_trainable(model)
+    return model

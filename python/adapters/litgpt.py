@@ -40,7 +40,14 @@ import torch
 import gradnorm_frameworks as _gf
 import gradnorm_torch as _gt
 
-SCRIPTS = ("finetune_full",)
+# script -> (its file under litgpt/, the model class it builds, LoRA settings it takes)
+SCRIPTS = {"finetune_full": ("finetune/full.py", "litgpt.model", False),
+           "finetune_lora": ("finetune/lora.py", "litgpt.lora", True)}
+# script -> where its schedule is built and stepped (litgpt 0.5.13)
+_SCHEDULE_LINES = {"finetune_full": "finetune/full.py:415-419, stepped at full.py:292",
+                   "finetune_lora": "finetune/lora.py:494-498, stepped at lora.py:366"}
+_LORA = ("lora_r", "lora_alpha", "lora_dropout", "lora_query", "lora_key", "lora_value",
+         "lora_projection", "lora_mlp", "lora_head")
 
 # Command-line keys gradnorm decides: the scenario's, or what the harness needs to judge it.
 _OWNED = {
@@ -53,7 +60,10 @@ _OWNED = {
     "train.log_interval": "(every step's log is judged)",
     "train.save_interval": "(nothing is saved during the run)",
     "train.max_seq_length": "sequence_length", "access_token": "(nothing is downloaded)",
+    "quantize": "(the oracle has no quantisation)",
 }
+_OWNED.update({key: "(the scenario's LoRA model: examples/litgpt/tiny_gpt.py:tiny_gpt_lora)"
+               for key in _LORA})
 
 _PRECISION = {"float32": "32-true", "bfloat16": "bf16-true"}
 
@@ -66,11 +76,12 @@ class LitgptScript:
             raise ValueError("--recipe %s:%s: gradnorm drives litgpt's %s" % (
                 framework, target, ", ".join(SCRIPTS)))
         self.target = target
+        self.source, self.model_module, self.lora = SCRIPTS[target]
+        self.schedule_lines = _SCHEDULE_LINES[target]
         import importlib.metadata
         import litgpt
         self.what = "litgpt %s's %s" % (importlib.metadata.version("litgpt"), target)
-        self.file = os.path.join(os.path.dirname(os.path.abspath(litgpt.__file__)), "finetune",
-                                 "full.py")
+        self.file = os.path.join(os.path.dirname(os.path.abspath(litgpt.__file__)), self.source)
         self.args = []
         for arg in args:
             key, sep, text = arg.partition("=")
@@ -92,9 +103,10 @@ class LitgptScript:
             return
         import contextlib
         import io
+        import importlib
         from jsonargparse import CLI, capture_parser
-        from litgpt.finetune import full
-        parser = capture_parser(lambda: CLI(full.setup))
+        script = importlib.import_module("litgpt." + self.source[:-3].replace("/", "."))
+        parser = capture_parser(lambda: CLI(script.setup))
         said = io.StringIO()
         try:
             with contextlib.redirect_stderr(said), contextlib.redirect_stdout(said):
@@ -110,21 +122,25 @@ class LitgptScript:
                     "(--recipe substitutes examples/litgpt/tiny_gpt.py for built-in models)")
         if scenario["dtype"] not in _PRECISION:
             return "litgpt trains in 32-true or bf16-true; the scenario is %s" % scenario["dtype"]
-        if scenario["world_size"] > 1:
+        if scenario["world_size"] > 1 and not self.lora:
             return ("litgpt's finetune_full shards the model with FSDPStrategy on more than one "
                     "device (finetune/full.py:107-118), which Fabric refuses off a GPU: "
                     "'You selected the FSDP strategy but FSDP is only available on GPU' "
                     "(lightning/fabric/connector.py:433-438, measured with devices=2 here)")
+        if scenario["world_size"] > 1:
+            return ("gradnorm drives litgpt's finetune_lora on one device: on ranks it uses "
+                    "ModelParallelStrategy (finetune/lora.py:152-165), whose rank_zero_first makes "
+                    "and destroys a process group of its own, which gradnorm's rank processes "
+                    "refuse (docs/findings.md, litgpt)")
         if scenario["steps"] < 2:
-            return ("litgpt's finetune_full cannot train fewer than 2 steps: its learning-rate "
-                    "schedule divides by train.lr_warmup_steps (0 raises ZeroDivisionError as it is "
-                    "built, finetune/full.py:417) and by max_steps - lr_warmup_steps "
-                    "(CosineAnnealingLR's T_max, full.py:418; 0 raises at the first "
-                    "scheduler.step(), full.py:292)")
+            return ("litgpt's %s cannot train fewer than 2 steps: its learning-rate schedule "
+                    "divides by train.lr_warmup_steps (0 raises ZeroDivisionError as it is built) "
+                    "and by max_steps - lr_warmup_steps (CosineAnnealingLR's T_max; 0 raises at "
+                    "the first scheduler.step()): %s" % (self.target, self.schedule_lines))
         if scenario["optimizer_in_backward"]:
             return "litgpt steps its optimizer once per window"
         if scenario["clip_max_norm"] is not None:
-            return "litgpt's finetune_full does not clip (finetune/full.py's fit has no clipping)"
+            return "litgpt's %s does not clip (%s's fit has no clipping)" % (self.target, self.source)
         if scenario["loss"] != "mean_ce":
             return "the loss is litgpt's chunked_cross_entropy, not the scenario's %s" % scenario["loss"]
         return None
@@ -244,10 +260,16 @@ class _LitgptRun(_gf.GreenletRun):
         from litgpt.utils import save_config
         from tokenizers import Tokenizer
         from tokenizers.models import WordLevel
+        import importlib
         model = self.scenario_model()
-        if not isinstance(model, _gpt_class()):
-            raise _gf.Unsupported("the scenario's model is a %s; litgpt builds litgpt.model.GPT "
-                                  "(examples/litgpt/tiny_gpt.py)" % type(model).__name__)
+        wanted = importlib.import_module(self.script.model_module).GPT
+        if type(model) is not wanted:
+            raise _gf.Unsupported("the scenario's model is a %s.%s; litgpt's %s builds %s.GPT "
+                                  "(examples/litgpt/tiny_gpt.py)" % (
+                                      type(model).__module__, type(model).__name__,
+                                      self.script.target, self.script.model_module))
+        self.lora_args = ["--%s=%s" % (key, getattr(model.config, key)) for key in _LORA] \
+            if self.script.lora else []
         folder = os.path.join(self._output.name, "checkpoint")
         os.makedirs(folder)
         from pathlib import Path
@@ -275,7 +297,7 @@ class _LitgptRun(_gf.GreenletRun):
                 # The rate is the scenario's all the same: the harness's optimizer steps.
                 "--train.lr_warmup_steps=1",
                 "--eval.interval=%d" % (self.steps + 1), "--eval.initial_validation=false",
-                "--eval.final_validation=false", "--eval.max_new_tokens=1"] + self.script.args
+                "--eval.final_validation=false", "--eval.max_new_tokens=1"] + self.lora_args + self.script.args
         self.metrics = os.path.join(out, "logs", "csv", "version_0", "metrics.csv")
         saved = sys.argv
         sys.argv = argv

@@ -698,6 +698,8 @@ struct FrameworkFacts {
   std::string_view prefix;  // "transformers:"
   const char* default_model;
   std::string_view clip_argument;
+  // Whether a recipe named *lora* gets the model function's _lora twin (FUNCTION_lora).
+  bool lora_twin = false;
 };
 
 constexpr FrameworkFacts kFrameworks[] = {
@@ -708,7 +710,7 @@ constexpr FrameworkFacts kFrameworks[] = {
     {"lightning:", "python:" GRADNORM_EXAMPLES_DIR "/python/tiny_transformer.py:tiny_transformer",
      "gradient_clip_val"},
     {"fabric:", "python:" GRADNORM_EXAMPLES_DIR "/python/tiny_transformer.py:tiny_transformer", ""},
-    {"litgpt:", "python:" GRADNORM_EXAMPLES_DIR "/litgpt/tiny_gpt.py:tiny_gpt", ""},
+    {"litgpt:", "python:" GRADNORM_EXAMPLES_DIR "/litgpt/tiny_gpt.py:tiny_gpt", "", true},
 };
 
 const FrameworkFacts* facts_of(std::string_view recipe) {
@@ -726,7 +728,11 @@ std::string_view recipe_clip_argument(std::string_view recipe) {
 }
 
 std::string default_recipe_model(std::string_view recipe) {
-  if (const FrameworkFacts* facts = facts_of(recipe)) return facts->default_model;
+  if (const FrameworkFacts* facts = facts_of(recipe)) {
+    std::string spec = facts->default_model;
+    if (facts->lora_twin && recipe.find("lora") != std::string_view::npos) spec += "_lora";
+    return spec;
+  }
   std::string spec = "python:" GRADNORM_EXAMPLES_DIR "/torchtune/tiny_llama.py:tiny_llama";
   // A LoRA recipe trains adapters, and so do torchtune's distilling recipes (their student
   // is a LoRA model): the default model is then the same decoder with LoRA on q and v.

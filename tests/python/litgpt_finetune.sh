@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# ctest: litgpt's finetune_full (litgpt 0.5.13, requirements-litgpt.txt's folder, first on
+# ctest: litgpt's finetune_full and finetune_lora (litgpt 0.5.13, requirements-litgpt.txt's folder, first on
 # PYTHONPATH beside transformers 4.57.6's), unmodified, run through litgpt's own command line on
 # its own GPT (examples/litgpt/tiny_gpt.py), on one device: the scenarios it can train (2 steps
 # or more, no clipping) and those it cannot, with the reason; a negative control for each duty of
@@ -45,6 +45,22 @@ expect "1 pairs left out" clip.txt
 expect "litgpt's finetune_full does not clip" clip.txt
 expect "full: exit 1" full.txt
 expect "litgpt 0.5.13's finetune_full, unmodified" full.json
+
+# finetune_lora on litgpt's LoRA GPT (tiny_gpt_lora: rank 2 on query and value, no dropout):
+# the same arithmetic on the LoRA matrices.
+lora=litgpt/finetune_lora
+"$gradnorm" run --recipe litgpt:finetune_lora -s single/n5-momentum-3steps/float32 -f "$scenarios" \
+  -s 'litgpt-lora/*' > lora.txt 2>&1
+row tiny_gpt_lora/single/n5-momentum-3steps/float32 $lora pass lora.txt
+row litgpt-lora/accum2-ragged-3steps $lora fail lora.txt
+expect "step 0: gradients rel L2 error 0.184 > 1e-05" lora.txt
+row litgpt-lora/accum2-empty-first-2steps $lora fail lora.txt
+expect "step 0: logged loss 1.3054446, oracle 2.61088924" lora.txt
+expect "litgpt 0.5.13's finetune_lora, unmodified" lora.txt
+"$gradnorm" run --recipe litgpt:finetune_lora --nproc 2 -s dist/5-3/float32 > lora-dist.txt 2>&1
+echo "lora-dist: exit $?" >> lora-dist.txt
+expect "ModelParallelStrategy" lora-dist.txt
+expect "lora-dist: exit 2" lora-dist.txt
 
 # 2 ranks: litgpt asks Fabric for FSDP, which it refuses off a GPU; left out with that reason.
 "$gradnorm" run --recipe litgpt:finetune_full --nproc 2 -s dist/5-3/float32 > dist.txt 2>&1
@@ -96,6 +112,7 @@ bad() {  # bad NAME TEXT ARGS...
 bad refused "litgpt's command line refuses --seed=abc" --recipe litgpt:finetune_full --recipe-arg seed=abc
 bad unknown "Unrecognized arguments: --nope=1" --recipe litgpt:finetune_full --recipe-arg nope=1
 bad owned "the scenario decides train.max_steps" --recipe litgpt:finetune_full --recipe-arg train.max_steps=9
-bad script "gradnorm drives litgpt's finetune_full" --recipe litgpt:pretrain
+bad script "gradnorm drives litgpt's finetune_full, finetune_lora" --recipe litgpt:pretrain
+bad lora-owned "the scenario decides lora_r" --recipe litgpt:finetune_lora --recipe-arg lora_r=4
 
 exit $failed
