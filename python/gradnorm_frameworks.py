@@ -109,6 +109,38 @@ def aligned_sample(batch, row):
     return batch["tokens"][row], aligned
 
 
+def sample_place(run, k):
+    """(step, micro-batch, row) of this rank's K-th sequence: a rank's sequences run step by
+    step, micro-batch by micro-batch, sequence by sequence."""
+    step, within = divmod(int(k), run.accumulation_steps * run.micro_batch_size)
+    micro, row = divmod(within, run.micro_batch_size)
+    return step, micro, row
+
+
+def own_sample(run, index, handed):
+    """This rank's sequence number of dataset INDEX, where sample g is rank g % W's sample
+    g // W (torch's DistributedSampler order without shuffling); an index of another rank's is
+    Unsupported, saying who handed it ("the recipe's sampler handed data-parallel rank")."""
+    index = int(index)
+    rank, k = index % run.dp_size, index // run.dp_size
+    if rank != run.dp_rank:
+        raise Unsupported(
+            "%s %d the sample %d, which is rank %d's: gradnorm's dataset follows torch's "
+            "DistributedSampler order (rank r gets r, r+W, ...) without shuffling"
+            % (handed, run.dp_rank, index, rank))
+    return k
+
+
+def resumed(ctx, key, make):
+    """The framework's run on this rank, kept in the step's state under KEY (made by MAKE at
+    the first step) and advanced to ctx's step."""
+    run = ctx.state.get(key)
+    if run is None:
+        run = ctx.state[key] = make()
+    run.advance(ctx, ctx.step_index)
+    return run
+
+
 class FeedingProof:
     """Proof that a rank trained on its own micro-batches in order. ``collated(ids)`` records
     each batch the framework's dataloader collated, ``fed(ids)`` each batch that reached the

@@ -202,16 +202,8 @@ class _Samples(torch.utils.data.Dataset):
 
     def __getitem__(self, index):
         run = self._run
-        index = int(index)
-        rank, k = index % run.dp_size, index // run.dp_size
-        if rank != run.dp_rank:
-            raise _gf.Unsupported(
-                "%s's sampler handed rank %d the sample %d, which is rank %d's: gradnorm's "
-                "dataset follows torch's DistributedSampler order (rank r gets r, r+W, ...) "
-                "without shuffling" % (run.framework, run.dp_rank, index, rank))
-        per_step = run.accumulation_steps * run.micro_batch_size
-        step, within = k // per_step, k % per_step
-        micro, row = within // run.micro_batch_size, within % run.micro_batch_size
+        k = _gf.own_sample(run, index, "%s's sampler handed rank" % run.framework)
+        step, micro, row = _gf.sample_place(run, k)
         run.reached(step)
         tokens, aligned = _gf.aligned_sample(run.ctx.batches_of(step)[micro], row)
         return {"input_ids": tokens.clone(), "labels": aligned}
@@ -405,10 +397,7 @@ def make_step(recipe, run_class=None):
     run_class = run_class or _LightningRun
 
     def step(ctx):
-        run = ctx.state.get("lightning run")
-        if run is None:
-            run = ctx.state["lightning run"] = run_class(recipe, ctx)
-        run.advance(ctx, ctx.step_index)
+        run = _gf.resumed(ctx, "lightning run", lambda: run_class(recipe, ctx))
         if run.stepped != ctx.step_index + 1:
             raise RuntimeError("%s did not step its optimizer in gradnorm step %d"
                                % (run.framework, ctx.step_index))

@@ -159,9 +159,7 @@ class _Samples(torch.utils.data.Dataset):
 
     def __getitem__(self, index):
         run = self._run
-        per_step = run.accumulation_steps * run.micro_batch_size
-        step, within = divmod(int(index), per_step)
-        micro, row = divmod(within, run.micro_batch_size)
+        step, micro, row = _gf.sample_place(run, index)
         tokens, aligned = _gf.aligned_sample(run.ctx.batches_of(step)[micro], row)
         length = int(tokens.shape[0])
         return {"input_ids": tokens.clone(), "labels": aligned,
@@ -349,10 +347,7 @@ def _gpt_class():
 
 def make_step(script):
     def step(ctx):
-        run = ctx.state.get("litgpt run")
-        if run is None:
-            run = ctx.state["litgpt run"] = _LitgptRun(script, ctx)
-        run.advance(ctx, ctx.step_index)
+        run = _gf.resumed(ctx, "litgpt run", lambda: _LitgptRun(script, ctx))
         if run.stepped != ctx.step_index + 1:
             raise RuntimeError("litgpt did not step its optimizer in gradnorm step %d" % ctx.step_index)
         return run.logged_loss(ctx.step_index + 1)

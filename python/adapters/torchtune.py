@@ -158,16 +158,8 @@ class Dataset(torch.utils.data.Dataset):
 
     def __getitem__(self, index):
         run = self._run
-        index = int(index)
-        rank, k = index % run.dp_size, index // run.dp_size
-        if rank != run.dp_rank:
-            raise Unsupported(
-                "the recipe's sampler handed data-parallel rank %d the sample %d, which is rank "
-                "%d's: gradnorm's dataset follows torch's DistributedSampler order (rank r gets "
-                "r, r+W, ...) without shuffling" % (run.dp_rank, index, rank))
-        per_step = run.accumulation_steps * run.micro_batch_size
-        step, within = k // per_step, k % per_step
-        micro, row = within // run.micro_batch_size, within % run.micro_batch_size
+        k = _gf.own_sample(run, index, "the recipe's sampler handed data-parallel rank")
+        step, micro, row = _gf.sample_place(run, k)
         run.wait_for_step(step)
         tokens, aligned = _gf.aligned_sample(run.ctx.micro_batches[micro], row)
         run.samples_served += 1
@@ -510,10 +502,7 @@ class _Run(_gf.GreenletRun):
 
 def make_step(recipe):
     def step(ctx):
-        run = ctx.state.get("recipe run")
-        if run is None:
-            run = ctx.state["recipe run"] = _Run(recipe, ctx)
-        run.advance(ctx, ctx.step_index)
+        run = _gf.resumed(ctx, "recipe run", lambda: _Run(recipe, ctx))
         # The recipe's global_step counts from 1.
         logged = _gf.logged_values(run.logged, ctx.step_index + 1)
         if recipe.distributed and ctx.world_size > 1:

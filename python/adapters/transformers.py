@@ -218,14 +218,11 @@ class _Dataset(torch.utils.data.Dataset):
 
     def __getitem__(self, index):
         run = self._run
-        per_step = run.accumulation_steps * run.micro_batch_size
-        k = self._next
+        step, micro, row = _gf.sample_place(run, self._next)
         self._next += 1
-        step, within = k // per_step, k % per_step
         if step >= run.steps:
             raise RuntimeError("Trainer asked rank %d for more samples than the scenario's %d "
                                "steps hold" % (run.dp_rank, run.steps))
-        micro, row = within // run.micro_batch_size, within % run.micro_batch_size
         tokens, aligned = _gf.aligned_sample(run.batches_of(step)[micro], row)
         return {"input_ids": tokens.clone(), "labels": aligned}
 
@@ -370,10 +367,7 @@ class _TrainerRun(_gf.GreenletRun):
 
 def make_step(recipe):
     def step(ctx):
-        run = ctx.state.get("trainer run")
-        if run is None:
-            run = ctx.state["trainer run"] = recipe.flavour.run_class(recipe, ctx)
-        run.advance(ctx, ctx.step_index)
+        run = _gf.resumed(ctx, "trainer run", lambda: recipe.flavour.run_class(recipe, ctx))
         if run.checked_steps != ctx.step_index + 1:
             raise RuntimeError("Trainer did not step its optimizer in gradnorm step %d"
                                % ctx.step_index)
