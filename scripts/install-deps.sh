@@ -124,6 +124,16 @@ install_overlay trl-1.16.0 requirements-trl.txt "$trl_imports"
 install_overlay trl-1.16.0-transformers-4.57.6 requirements-trl-transformers4.txt "$trl_imports
 assert transformers.__version__ == \"4.57.6\", transformers.__version__" transformers-4.57.6
 
+install_overlay lightning-2.5.6 requirements-lightning25.txt '
+import warnings
+warnings.filterwarnings("ignore")
+import lightning, pytorch_lightning
+assert lightning.__version__ == "2.5.6", lightning.__version__
+assert pytorch_lightning.__version__ == "2.5.6", pytorch_lightning.__version__
+from lightning.pytorch import Trainer  # noqa: F401
+from lightning.fabric import Fabric  # noqa: F401
+print("install-deps: lightning", lightning.__version__)'
+
 # litgpt beside transformers 4.57.6 (requirements-litgpt.txt says why): after install_overlay
 # transformers-4.57.6, which it stands beside.
 install_overlay litgpt-0.5.13 requirements-litgpt.txt '

@@ -13,10 +13,13 @@ gradnorm="$1"
 source_dir="$2"
 work="$3"
 python="${GRADNORM_PYTHON:?set it to the environment python, as ctest does}"
-if ! why=$("$python" -c 'import lightning.pytorch, pytorch_lightning' 2>&1); then
-  echo "SKIP: lightning does not import in $python: $(echo "$why" | tail -1)"
-  exit 77
-fi
+v25="$(dirname "$(dirname "$python")")/lightning-2.5.6"
+for env in "" "$v25"; do
+  if ! why=$(PYTHONPATH="$env" "$python" -c 'import lightning.pytorch, pytorch_lightning' 2>&1); then
+    echo "SKIP: lightning does not import in $python${env:+ with $env}: $(echo "$why" | tail -1)"
+    exit 77
+  fi
+done
 source "$(dirname "${BASH_SOURCE[0]}")/script_common.sh"
 unset PYTHONPATH
 examples=$source_dir/examples/lightning
@@ -132,6 +135,17 @@ expect "step 0: logged loss 4.53319073, oracle 2.26659533" doubled.txt
 "$gradnorm" run --recipe "lightning:$tests/modules.py:ClipsTwice" -s single/clip-active/float32 > clip.txt 2>&1
 row tiny_transformer/single/clip-active/float32 lightning/modules.ClipsTwice fail clip.txt
 expect "step 0: gradients rel L2 error 0.9 > 1e-05" clip.txt
+
+# Lightning 2.5.6 (requirements-lightning25.txt's folder, first on PYTHONPATH): the same
+# figures, from the same lines (automatic.py:83 and :329 in both versions).
+PYTHONPATH="$v25" "$gradnorm" run --recipe "$mean" -s single/accum2-ragged/float32 \
+  -s single/n5/float32 > v25.txt 2>&1
+row tiny_transformer/single/accum2-ragged/float32 lightning/mean_loss.MeanLoss fail v25.txt
+expect "step 0: gradients rel L2 error 0.289 > 1e-05" v25.txt
+row tiny_transformer/single/n5/float32 lightning/mean_loss.MeanLoss pass v25.txt
+expect "(lightning 2.5.6's Trainer), unmodified" v25.txt
+PYTHONPATH="$v25" "$gradnorm" run --recipe "$tokens" --nproc 2 -s dist/5-3/float32 > v25-dist.txt 2>&1
+row tiny_transformer/dist/5-3/float32 lightning/token_normalised.TokenNormalised pass v25-dist.txt
 
 # Lightning Fabric: a user's loop (examples/fabric/loops.py), one device and 2 ranks.
 loops=$source_dir/examples/fabric/loops.py
