@@ -223,6 +223,39 @@ def constant_lr(optimizer, num_training_steps=None, last_epoch=-1, **_ignored):
     return torch.optim.lr_scheduler.LambdaLR(optimizer, lambda _step: 1.0, last_epoch=last_epoch)
 
 
+def recording_clip_norms(run):
+    """A context in which torch.nn.utils.clip_grad_norm_ records the norm it returns, and
+    clip_grads_with_norm_ the total norm it is given, in run.clip_norms[run.stepped + 1] (the
+    window being stepped), changing nothing else: for
+    frameworks that clip with it and discard the norm (Lightning's Precision.clip_grad_by_norm,
+    Fabric's and Accelerate's clip_gradients/clip_grad_norm_ return it to a loop that may not
+    log it), while what clipping returned is what the verdict judges. Runs are judged one at a
+    time, and the wrapper is in place only while the run executes."""
+    import contextlib
+
+    utils = torch.nn.utils
+
+    @contextlib.contextmanager
+    def recording():
+        real, real_with_norm = utils.clip_grad_norm_, utils.clip_grads_with_norm_
+
+        def clip(*args, **kwargs):
+            norm = real(*args, **kwargs)
+            run.clip_norms[run.stepped + 1] = float(norm)
+            return norm
+
+        def clip_with_norm(parameters, max_norm, total_norm, *args, **kwargs):
+            # Accelerate computes the total norm itself (get_total_norm) and clips with it.
+            run.clip_norms[run.stepped + 1] = float(total_norm)
+            return real_with_norm(parameters, max_norm, total_norm, *args, **kwargs)
+        utils.clip_grad_norm_, utils.clip_grads_with_norm_ = clip, clip_with_norm
+        try:
+            yield
+        finally:
+            utils.clip_grad_norm_, utils.clip_grads_with_norm_ = real, real_with_norm
+    return recording()
+
+
 # --- one run of a framework on one rank ---------------------------------------------------------
 
 

@@ -306,22 +306,10 @@ class LightningFamilyRun(_gf.GreenletRun):
                 {"message": r"`isinstance\(treespec, LeafSpec\)` is deprecated"})
 
     def advance(self, ctx, step):
-        # The norm Lightning's clipping computed, recorded as torch's clip_grad_norm_ returns
-        # it: Lightning discards it (Precision.clip_grad_by_norm), and what clipping returned
-        # is what the verdict judges. torch.nn.utils.clip_grad_norm_ is wrapped while this
-        # run executes only (recipe runs are judged one at a time); the wrapper returns what
-        # torch's returned and changes nothing.
-        real = torch.nn.utils.clip_grad_norm_
-
-        def recording(*args, **kwargs):
-            norm = real(*args, **kwargs)
-            self.clip_norms[self.stepped + 1] = float(norm)  # the window being stepped
-            return norm
-        torch.nn.utils.clip_grad_norm_ = recording
-        try:
+        # The norm Lightning's clipping computed: Lightning discards it
+        # (Precision.clip_grad_by_norm), and what clipping returned is what is judged.
+        with _gf.recording_clip_norms(self):
             super().advance(ctx, step)
-        finally:
-            torch.nn.utils.clip_grad_norm_ = real
 
     def _environment(self):
         """Where Lightning's default cluster environment (LightningEnvironment) reads this

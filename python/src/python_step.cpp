@@ -710,6 +710,7 @@ constexpr FrameworkFacts kFrameworks[] = {
     {"lightning:", "python:" GRADNORM_EXAMPLES_DIR "/python/tiny_transformer.py:tiny_transformer",
      "gradient_clip_val"},
     {"fabric:", "python:" GRADNORM_EXAMPLES_DIR "/python/tiny_transformer.py:tiny_transformer", ""},
+    {"accelerate:", "python:" GRADNORM_EXAMPLES_DIR "/python/tiny_transformer.py:tiny_transformer", ""},
     {"litgpt:", "python:" GRADNORM_EXAMPLES_DIR "/litgpt/tiny_gpt.py:tiny_gpt", "", true},
 };
 
