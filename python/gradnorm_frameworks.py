@@ -267,6 +267,7 @@ class GreenletRun:
     gradients over here."""
 
     takes_closure = False  # whether the framework steps its optimizer with a closure
+    framework = "the framework"  # its name in messages ("Trainer")
 
     def __init__(self, ctx):
         self.scenario = ctx.scenario
@@ -286,6 +287,11 @@ class GreenletRun:
         self.pending = {}  # optimizer_in_bwd: parameter -> gradient handed over
         self.recipe_model = None
         self.finished = False
+        # Where the run proves what it trains on (a FeedingProof), each hand-over is checked
+        # against the step's window and counted: one optimizer step per gradnorm step.
+        self.feeding = getattr(self, "feeding", None)
+        self.stepped = 0  # optimizer steps handed over
+        self.clip_norms = {}  # optimizer step (from 1) -> the norm clipping computed, recorded
         from greenlet import greenlet
         self._greenlet = greenlet(self._main)
 
@@ -350,6 +356,13 @@ class GreenletRun:
         return named
 
     def hand_over(self, optimizer):
+        if self.feeding is not None:
+            self.feeding.check([b["tokens"] for b in self.ctx.micro_batches], self.dp_rank,
+                               self.step)
+            if self.stepped != self.step:
+                raise RuntimeError("%s stepped its optimizer twice in gradnorm step %d"
+                                   % (self.framework, self.step))
+            self.stepped += 1
         if self.recipe_model is None:
             raise RuntimeError("the optimizer stepped before the model was built")
         if len(self.optimizers) == 1:
@@ -421,6 +434,21 @@ def logged_values(logged, step):
         if value is not None:
             out[name] = float(value.detach().item()) if isinstance(value, torch.Tensor) else float(value)
     return out
+
+
+def stepped_values(run, ctx, rank_zero=True):
+    """What a step returns for a run that counts its optimizer steps: the values logged at
+    this step (counted from 1) and the norm clipping computed, rank 0's on every rank where the
+    framework's loggers write rank 0's (RANK_ZERO). A run that did not step is an error."""
+    if run.stepped != ctx.step_index + 1:
+        raise RuntimeError("%s did not step its optimizer in gradnorm step %d"
+                           % (run.framework, ctx.step_index))
+    logged = logged_values(run.logged, ctx.step_index + 1)
+    if ctx.step_index + 1 in run.clip_norms:
+        logged["grad_norm"] = run.clip_norms[ctx.step_index + 1]
+    if rank_zero and ctx.world_size > 1:
+        return from_rank_zero(logged)
+    return logged
 
 
 def from_rank_zero(logged):

@@ -139,11 +139,11 @@ def _tracker_class():
 class _AccelerateRun(_gf.GreenletRun):
     """The user's loop on this rank."""
 
+    framework = "Accelerate"
+
     def __init__(self, recipe, ctx):
         self.recipe = recipe
         self.feeding = _gf.FeedingProof("Accelerate", "its sharding")
-        self.stepped = 0
-        self.clip_norms = {}
         self._output = tempfile.TemporaryDirectory(prefix="gradnorm-accelerate-")
         super().__init__(ctx)
 
@@ -201,27 +201,12 @@ class _AccelerateRun(_gf.GreenletRun):
     def _finished(self):
         self._output.cleanup()
 
-    def hand_over(self, optimizer):
-        self.feeding.check([b["tokens"] for b in self.ctx.micro_batches], self.dp_rank, self.step)
-        if self.stepped != self.step:
-            raise RuntimeError("Accelerate stepped its optimizer twice in gradnorm step %d"
-                               % self.step)
-        self.stepped += 1
-        super().hand_over(optimizer)
-
 
 def make_step(recipe):
     def step(ctx):
         run = _gf.resumed(ctx, "accelerate run", lambda: _AccelerateRun(recipe, ctx))
-        if run.stepped != ctx.step_index + 1:
-            raise RuntimeError("Accelerate did not step its optimizer in gradnorm step %d"
-                               % ctx.step_index)
-        logged = _gf.logged_values(run.logged, ctx.step_index + 1)
-        if ctx.step_index + 1 in run.clip_norms:
-            logged["grad_norm"] = run.clip_norms[ctx.step_index + 1]
-        if ctx.world_size > 1:
-            return _gf.from_rank_zero(logged)
-        return logged
+        # Trackers log on the main process: rank 0's is judged on every rank.
+        return _gf.stepped_values(run, ctx)
     step.__name__ = "accelerate_step"
     return step
 

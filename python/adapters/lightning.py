@@ -268,8 +268,6 @@ class LightningFamilyRun(_gf.GreenletRun):
     def __init__(self, recipe, ctx):
         self.recipe = recipe
         self.feeding = _gf.FeedingProof(self.framework, "its sampler")
-        self.stepped = 0  # optimizer steps handed over
-        self.clip_norms = {}  # optimizer step (from 1) -> the norm clip_grad_norm_ returned
         self._output = tempfile.TemporaryDirectory(prefix="gradnorm-lightning-")
         super().__init__(ctx)
 
@@ -332,14 +330,6 @@ class LightningFamilyRun(_gf.GreenletRun):
     def _finished(self):
         self._output.cleanup()
 
-    def hand_over(self, optimizer):
-        self.feeding.check([b["tokens"] for b in self.ctx.micro_batches], self.dp_rank, self.step)
-        if self.stepped != self.step:
-            raise RuntimeError("%s stepped its optimizer twice in gradnorm step %d"
-                               % (self.framework, self.step))
-        self.stepped += 1
-        super().hand_over(optimizer)
-
 
 class _LightningRun(LightningFamilyRun):
     """Trainer.fit on this rank."""
@@ -386,16 +376,8 @@ def make_step(recipe, run_class=None):
 
     def step(ctx):
         run = _gf.resumed(ctx, "lightning run", lambda: run_class(recipe, ctx))
-        if run.stepped != ctx.step_index + 1:
-            raise RuntimeError("%s did not step its optimizer in gradnorm step %d"
-                               % (run.framework, ctx.step_index))
-        # Counted from 1: the optimizer steps taken when Lightning logged.
-        logged = _gf.logged_values(run.logged, ctx.step_index + 1)
-        if ctx.step_index + 1 in run.clip_norms:
-            logged["grad_norm"] = run.clip_norms[ctx.step_index + 1]
-        if ctx.world_size > 1:
-            return _gf.from_rank_zero(logged)
-        return logged
+        # Loggers write rank 0's values (rank_zero_only): rank 0's is judged on every rank.
+        return _gf.stepped_values(run, ctx)
     step.__name__ = "lightning_step"
     return step
 

@@ -250,10 +250,11 @@ def _callback_class():
 class _TrainerRun(_gf.GreenletRun):
     """Trainer's one training run (trainer.train()) on this rank."""
 
+    framework = "Trainer"
+
     def __init__(self, recipe, ctx):
         self.recipe = recipe
         self.feeding = _gf.FeedingProof("Trainer", "its sampler or accelerate's sharding")
-        self.checked_steps = 0
         self._output = tempfile.TemporaryDirectory(prefix="gradnorm-trainer-")
         self._batches = {}
         super().__init__(ctx)
@@ -356,23 +357,12 @@ class _TrainerRun(_gf.GreenletRun):
         self.feeding.collated(batch["input_ids"])
         return batch
 
-    def hand_over(self, optimizer):
-        self.feeding.check([b["tokens"] for b in self.ctx.micro_batches], self.dp_rank, self.step)
-        if self.checked_steps != self.step:
-            raise RuntimeError("Trainer stepped its optimizer twice in gradnorm step %d"
-                               % self.step)
-        self.checked_steps += 1
-        super().hand_over(optimizer)
-
 
 def make_step(recipe):
     def step(ctx):
         run = _gf.resumed(ctx, "trainer run", lambda: recipe.flavour.run_class(recipe, ctx))
-        if run.checked_steps != ctx.step_index + 1:
-            raise RuntimeError("Trainer did not step its optimizer in gradnorm step %d"
-                               % ctx.step_index)
         # Trainer's global_step counts from 1; every rank logs the loss gathered over ranks.
-        return _gf.logged_values(run.logged, ctx.step_index + 1)
+        return _gf.stepped_values(run, ctx, rank_zero=False)
     step.__name__ = "trainer_step"
     return step
 
