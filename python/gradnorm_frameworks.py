@@ -96,6 +96,97 @@ def load_recipe(framework, target, args, module_name):
     return load(target, args, module_name, framework)
 
 
+# --- a user's loop function ------------------------------------------------------------------
+
+
+class UserLoop:
+    """A loop a user wrote, named ``--recipe NAME:PATH.py:FUNCTION`` (Fabric, Accelerate and
+    DeepSpeed loops): the file imported as a module of its own, FUNCTION found in it, and the
+    ``--recipe-arg`` keys every loop takes (``log_name=NAME``: what the logged loss is read
+    under). An adapter's subclass says how FUNCTION is called (CALL), what its framework is
+    called in messages (WHO: "an Accelerate loop") and which --recipe-arg keys it takes beside
+    log_name (``take(key, text, arg)``, True where it took it)."""
+
+    CALL = "FUNCTION(...)"
+    WHO = "a loop"
+    FRAMEWORK = "the framework"
+    LOG_NAME = "loss"
+
+    def __init__(self, target, args, module_name, framework):
+        path, _, name = target.rpartition(":")
+        if not path.endswith(".py") or not name:
+            raise ValueError("--recipe %s:%s: expected %s:PATH.py:FUNCTION (your loop, called as "
+                             "%s)" % (framework, target, framework, self.CALL))
+        self.file = os.path.abspath(path)
+        if not os.path.isfile(self.file):
+            raise FileNotFoundError("--recipe %s:%s: no such file %s" % (framework, target, path))
+        module = _gt.import_file(self.file, module_name)
+        found = getattr(module, name, None)
+        if not callable(found) or isinstance(found, type):
+            raise LookupError("--recipe %s:%s: %s defines no function named '%s'"
+                              % (framework, target, path, name))
+        self.function = found
+        self.log_name = self.LOG_NAME
+        for arg in args:
+            key, sep, text = arg.partition("=")
+            key, text = key.strip(), text.strip()
+            if not sep or not key:
+                raise ValueError("--recipe-arg %s: expected KEY=VALUE" % arg)
+            if key == "log_name":
+                self.log_name = text
+            elif not self.take(key, text, arg):
+                raise ValueError("--recipe-arg %s: %s takes %s" % (arg, self.WHO, self.TAKES))
+
+    TAKES = "log_name=NAME only"
+
+    def take(self, key, text, arg):
+        return False
+
+    def cannot_run(self, scenario):
+        """Why the scenario cannot be judged on the loop, or None."""
+        if scenario["model"] != "python":
+            return ("%s trains a torch module: the scenario's model must come from a Python file "
+                    "(--recipe substitutes examples/python/tiny_transformer.py for built-in "
+                    "models)" % self.WHO)
+        if scenario["tp"] > 1 or scenario["cp"] > 1 or scenario["dp_replicate"] > 1:
+            return "gradnorm gives %s data parallelism only" % self.FRAMEWORK
+        if scenario["optimizer_in_backward"]:
+            return "%s steps its optimizer once per window" % self.WHO
+        if scenario["loss"] != "mean_ce":
+            return "the loss is the loop's own, not the scenario's %s" % scenario["loss"]
+        if scenario["world_size"] > 1 and not _gt._process_is_initialized():
+            return ("%s on W ranks needs a torch.distributed process group, which gradnorm's "
+                    "ranks have only as processes: run it with --nproc W (rank processes over "
+                    "Gloo), torchrun or Slurm" % self.FRAMEWORK)
+        return None
+
+
+def literal(text):
+    """A --recipe-arg value as a Python value: true/false in any case, a Python literal
+    (numbers, strings, lists, dicts, None), else the text itself."""
+    import ast
+    if text.lower() in ("true", "false"):
+        return text.lower() == "true"
+    try:
+        return ast.literal_eval(text)
+    except (ValueError, SyntaxError):
+        return text
+
+
+def rank_environment(run):
+    """What frameworks read to find this rank's place (RANK, WORLD_SIZE, LOCAL_RANK,
+    LOCAL_WORLD_SIZE, MASTER_ADDR and MASTER_PORT where unset: accelerate's state.py,
+    deepspeed's comm), set before the framework builds its state. OMP_NUM_THREADS is set to
+    the harness's thread count where unset: accelerate changes torch's otherwise."""
+    os.environ.setdefault("OMP_NUM_THREADS", str(torch.get_num_threads()))
+    if run.dp_size == 1:
+        return
+    os.environ.update(RANK=str(run.dp_rank), WORLD_SIZE=str(run.dp_size),
+                      LOCAL_RANK=str(run.dp_rank), LOCAL_WORLD_SIZE=str(run.dp_size))
+    os.environ.setdefault("MASTER_ADDR", "127.0.0.1")
+    os.environ.setdefault("MASTER_PORT", "29500")
+
+
 # --- samples and the feeding proof --------------------------------------------------------------
 
 
@@ -129,6 +220,25 @@ def own_sample(run, index, handed):
             "DistributedSampler order (rank r gets r, r+W, ...) without shuffling"
             % (handed, run.dp_rank, index, rank))
     return k
+
+
+class RankSamples(torch.utils.data.Dataset):
+    """This rank's sequences as a dataset: step by step, micro-batch by micro-batch, sequence
+    by sequence (sample_place), each a dict {"input_ids": [T], "labels": [T]} with labels
+    aligned (aligned_sample), for a framework whose dataloader reads one rank's data in order."""
+
+    def __init__(self, run):
+        self._run = run
+
+    def __len__(self):
+        run = self._run
+        return run.steps * run.accumulation_steps * run.micro_batch_size
+
+    def __getitem__(self, index):
+        run = self._run
+        step, micro, row = sample_place(run, index)
+        tokens, aligned = aligned_sample(run.ctx.batches_of(step)[micro], row)
+        return {"input_ids": tokens.clone(), "labels": aligned}
 
 
 def resumed(ctx, key, make):
@@ -355,7 +465,31 @@ class GreenletRun:
             named[id(p)] = (name, p)
         return named
 
-    def hand_over(self, optimizer):
+    def collate(self, samples):
+        """A dataloader's collate function: torch's default_collate, each batch recorded for
+        the feeding proof."""
+        batch = torch.utils.data.default_collate(samples)
+        self.feeding.collated(batch["input_ids"])
+        return batch
+
+    def hand_back_at_forward(self, model):
+        """Hands control back to gradnorm at MODEL's first forward after an optimizer step (the
+        next step begins: gradnorm judges the one before, logged by then, by the loop's
+        contract), calling before_hand_back() first; every forward's input_ids reach the
+        feeding proof."""
+        def begins(_module, args, kwargs):
+            while self.stepped > self.step:
+                self.before_hand_back()
+                self._parent.switch()
+            self.feeding.fed(kwargs.get("input_ids", args[0] if args else None))
+        model.register_forward_pre_hook(begins, with_kwargs=True)
+
+    def before_hand_back(self):
+        """What the run reads of the step just taken before gradnorm judges it."""
+
+    def count_step(self):
+        """An optimizer step began: where the run proves what it trains on, the step's window
+        is checked and the step counted (one per gradnorm step)."""
         if self.feeding is not None:
             self.feeding.check([b["tokens"] for b in self.ctx.micro_batches], self.dp_rank,
                                self.step)
@@ -365,6 +499,13 @@ class GreenletRun:
             self.stepped += 1
         if self.recipe_model is None:
             raise RuntimeError("the optimizer stepped before the model was built")
+
+    def write(self, param, value):
+        """Puts the harness's updated VALUE where the framework's next step reads PARAM."""
+        write_parameter(param, value)
+
+    def hand_over(self, optimizer):
+        self.count_step()
         if len(self.optimizers) == 1:
             self._step_harness([p for p in optimizer.params if p.grad is not None])
             return
@@ -395,7 +536,7 @@ class GreenletRun:
         self.ctx.optimizer.step()
         with torch.no_grad():
             for target, p in pairs:
-                write_parameter(p, target.detach())
+                self.write(p, target.detach())
         self.ctx.optimizer.zero_grad(set_to_none=True)
 
 

@@ -24,6 +24,8 @@ TRL = {"PYTHONPATH": os.path.join(VENV, "trl-1.16.0")}
 LITGPT = {"PYTHONPATH": os.path.join(VENV, "litgpt-0.5.13") + ":" + os.path.join(VENV, "transformers-4.57.6")}
 MOMENTUM = ["-s", "single/n5-momentum-3steps/float32"]
 CLIP = ["-s", "single/clip-active/float32"]
+DS_TOKENS = "deepspeed:examples/deepspeed/token_loss.py:train"
+DS_STEPS = ["-f", "tests/python/lightning/scenarios.toml", "-s", "lightning/dist*"]
 NO_ZERO_GRAD = os.path.join(ROOT, "build", "adapter-duties-test", "no_zero_grad.py")
 
 
@@ -44,8 +46,8 @@ MUTANTS = [
      "None if clip is None else float(clip))", "None)",
      [run("fabric:examples/fabric/loops.py:token_loop", *CLIP, expect="pass")]),
     ("the adapter clears the framework's gradients", "python/gradnorm_frameworks.py",
-     "                write_parameter(p, target.detach())\n",
-     "                write_parameter(p, target.detach())\n                p.grad = None\n",
+     "                self.write(p, target.detach())\n",
+     "                self.write(p, target.detach())\n                p.grad = None\n",
      [run("torchtune:" + NO_ZERO_GRAD, *MOMENTUM, expect="fail"),
       run("transformers:tests/python/duties/trainers.py:TrainerForgetsZeroGrad", *MOMENTUM,
           expect="fail"),
@@ -54,6 +56,25 @@ MUTANTS = [
       run("lightning:tests/python/lightning/modules.py:ForgetsZeroGrad", *MOMENTUM, expect="fail"),
       run("fabric:tests/python/lightning/loops.py:forgets_zero_grad", "-f",
           "tests/python/lightning/scenarios.toml", "-s", "lightning/accum2*", expect="fail")]),
+    ("Accelerate loop not given the clip", "python/adapters/accelerate.py",
+     "None if clip is None else float(clip))", "None)",
+     [run("accelerate:examples/accelerate/token_loss.py:train", *CLIP, expect="pass")]),
+    ("DeepSpeed's engine not given the clip", "python/adapters/deepspeed.py",
+     '"gradient_clipping": 0.0 if clip is None else float(clip),', '"gradient_clipping": 0.0,',
+     [run(DS_TOKENS, "--nproc", "2", "-s", "dist/5-3-clip-active/float32", expect="pass")]),
+    ("ZeRO's update written to the model, not to its fp32 partition",
+     "python/adapters/deepspeed.py", "        safe_set_full_fp32_param(param, value)\n",
+     "        super().write(param, value)\n",
+     [run(DS_TOKENS, "--nproc", "2", "--recipe-arg", "zero_optimization.stage=2", *DS_STEPS,
+          expect="pass")]),
+    ("ZeRO's gradient read from this rank's partition alone", "python/adapters/deepspeed.py",
+     "        dist.all_reduce(buffer, group=param._dp_group)\n", "",
+     [run(DS_TOKENS, "--nproc", "2", "--recipe-arg", "zero_optimization.stage=1", "-s",
+          "dist/5-3/float32", expect="pass")]),
+    ("DeepSpeed's logged loss read from the monitor's first row", "python/adapters/deepspeed.py",
+     'self.logged[self.stepped] = {"loss": float(rows[-1][1])}',
+     'self.logged[self.stepped] = {"loss": float(rows[0][1])}',
+     [run(DS_TOKENS, "--nproc", "2", *DS_STEPS, expect="pass")]),
     ("Trainer's dataset serves the current step", "python/adapters/transformers.py",
      "_gf.aligned_sample(run.batches_of(step)[micro], row)",
      "_gf.aligned_sample(run.ctx.micro_batches[micro], row)",

@@ -53,6 +53,24 @@ else
   echo "install-deps: $venv holds requirements.txt ($("$venv/bin/python" -c 'import torch; print("torch", torch.__version__)'))"
 fi
 
+# DeepSpeed (requirements-deepspeed.txt): PyPI has it as a source distribution only, whose
+# setup.py imports torch, so it is built in the environment itself (--no-build-isolation), with
+# DS_BUILD_OPS=0: no op is compiled, the package is pure Python.
+ds_stamp="$venv/gradnorm-requirements-deepspeed.txt"
+if cmp -s requirements-deepspeed.txt "$ds_stamp"; then
+  echo "install-deps: $venv already holds requirements-deepspeed.txt"
+else
+  DS_BUILD_OPS=0 DS_ACCELERATOR=cpu "$venv/bin/python" -m pip install --quiet --no-deps \
+    --no-build-isolation --use-pep517 --disable-pip-version-check -r requirements-deepspeed.txt
+  "$venv/bin/python" -m pip check
+  DS_ACCELERATOR=cpu "$venv/bin/python" -c '
+import deepspeed
+from deepspeed.accelerator import get_accelerator
+assert deepspeed.__version__ == "0.19.8", deepspeed.__version__
+print("install-deps: deepspeed", deepspeed.__version__, "on", get_accelerator().device_name())'
+  cp requirements-deepspeed.txt "$ds_stamp"
+fi
+
 # Overlays: a few packages in a folder of their own inside the environment, put first on
 # PYTHONPATH by the runs that judge them (each requirements file says why), before the
 # overlay they stand beside, if any. pip check cannot see a --target folder, so two checks

@@ -22,6 +22,13 @@ whole loop, called once per rank as
 * ``max_grad_norm``: the scenario's clip, or None (the norm ``accelerator.clip_grad_norm_``
   computes is recorded as it returns it).
 
+``--recipe-arg`` sets the Accelerator's other arguments: KEY=VALUE for an argument of
+``Accelerator`` (``even_batches`` and the like; those gradnorm sets itself are refused with the
+reason), ``dataloader_config.FIELD=VALUE`` and ``gradient_accumulation_plugin.FIELD=VALUE`` for a
+field of its DataLoaderConfiguration or GradientAccumulationPlugin, and
+``gradient_accumulation_steps=K``: a K larger than the scenario's window is judged on one-step
+scenarios, whose one window is then the data's last, partial one.
+
 The loop prepares what it wants, steps once per window and logs the step's loss after the
 optimizer step, before the next micro-batch's forward: gradnorm hands control back at the first
 forward after each optimizer step.
@@ -36,51 +43,93 @@ import gradnorm_frameworks as _gf
 import gradnorm_torch as _gt
 
 
-class AccelerateLoop:
-    """The user's loop function and gradnorm's own keys (--recipe-arg)."""
+# Accelerator arguments gradnorm sets itself, and why a --recipe-arg may not.
+_OWNED = {
+    "cpu": "gradnorm's ranks run on the CPU",
+    "log_with": "gradnorm's tracker is what is judged as the logged loss",
+    "project_dir": "gradnorm's tracker needs no folder; the run's own is temporary",
+    "project_config": "gradnorm's tracker needs no folder; the run's own is temporary",
+    "mixed_precision": "the scenario's dtype is what is trained and judged",
+    "deepspeed_plugin": "--recipe deepspeed:PATH.py:FUNCTION judges a DeepSpeed loop",
+    "deepspeed_plugins": "--recipe deepspeed:PATH.py:FUNCTION judges a DeepSpeed loop",
+    "fsdp_plugin": "gradnorm gives Accelerate data parallelism (DDP) only",
+    "torch_tp_plugin": "gradnorm gives Accelerate data parallelism (DDP) only",
+    "megatron_lm_plugin": "gradnorm gives Accelerate data parallelism (DDP) only",
+    "parallelism_config": "gradnorm gives Accelerate data parallelism (DDP) only",
+    "kwargs_handlers": "handlers are objects, which a command line cannot give",
+    "rng_types": "the dataloader is gradnorm's and does not shuffle",
+}
+
+
+class AccelerateLoop(_gf.UserLoop):
+    """The user's loop function, gradnorm's own keys and the Accelerator's arguments given by
+    --recipe-arg: KEY=VALUE for an argument of Accelerator, dataloader_config.FIELD=VALUE and
+    gradient_accumulation_plugin.FIELD=VALUE for a field of its DataLoaderConfiguration or
+    GradientAccumulationPlugin (VALUE read by gradnorm_frameworks.literal).
+    gradient_accumulation_steps=K is the scenario's window unless given: a larger K is judged
+    on one-step scenarios, whose one window is then the data's last, partial one."""
+
+    CALL = "FUNCTION(accelerator, model, optimizer, dataloader, max_grad_norm)"
+    WHO = "an Accelerate loop"
+    FRAMEWORK = "Accelerate"
+    TAKES = ("log_name=NAME or an argument of accelerate's Accelerator (KEY=VALUE, "
+             "dataloader_config.FIELD=VALUE, gradient_accumulation_plugin.FIELD=VALUE)")
 
     def __init__(self, target, args, module_name, framework="accelerate"):
-        path, _, name = target.rpartition(":")
-        if not path.endswith(".py") or not name:
-            raise ValueError("--recipe %s:%s: expected %s:PATH.py:FUNCTION (your loop, called as "
-                             "FUNCTION(accelerator, model, optimizer, dataloader, max_grad_norm))"
-                             % (framework, target, framework))
-        self.file = os.path.abspath(path)
-        if not os.path.isfile(self.file):
-            raise FileNotFoundError("--recipe %s:%s: no such file %s" % (framework, target, path))
-        module = _gt.import_file(self.file, module_name)
-        found = getattr(module, name, None)
-        if not callable(found) or isinstance(found, type):
-            raise LookupError("--recipe %s:%s: %s defines no function named '%s'"
-                              % (framework, target, path, name))
-        self.function = found
-        self.log_name = "loss"
-        for arg in args:
-            key, sep, text = arg.partition("=")
-            if key.strip() == "log_name" and sep:
-                self.log_name = text.strip()
-                continue
-            raise ValueError("--recipe-arg %s: an Accelerate loop takes log_name=NAME only "
-                             "(the Accelerator's other arguments are not settable yet)" % arg)
+        self.accelerator_args = {}
+        self.plugins = {"dataloader_config": {}, "gradient_accumulation_plugin": {}}
+        self.accumulate = None
+        super().__init__(target, args, module_name, framework)
         import importlib.metadata
-        self.what = "accelerate %s's Accelerator" % importlib.metadata.version("accelerate")
+        given = ["%s=%r" % item for item in self.accelerator_args.items()]
+        for head, fields in self.plugins.items():
+            given += ["%s.%s=%r" % (head, k, v) for k, v in fields.items()]
+        if self.accumulate is not None:
+            given.append("gradient_accumulation_steps=%r" % self.accumulate)
+        self.what = "accelerate %s's Accelerator%s" % (
+            importlib.metadata.version("accelerate"),
+            "(%s)" % ", ".join(given) if given else "")
+
+    def take(self, key, text, arg):
+        import dataclasses
+        import inspect
+
+        import accelerate
+        from accelerate.utils import DataLoaderConfiguration, GradientAccumulationPlugin
+        head, dot, field = key.partition(".")
+        if head not in inspect.signature(accelerate.Accelerator.__init__).parameters or head == "self":
+            return False
+        if head in _OWNED:
+            raise ValueError("--recipe-arg %s: %s is gradnorm's to set: %s" % (arg, head, _OWNED[head]))
+        value = _gf.literal(text)
+        if head in self.plugins:
+            cls = DataLoaderConfiguration if head == "dataloader_config" else GradientAccumulationPlugin
+            fields = [f.name for f in dataclasses.fields(cls) if f.name != "num_steps"]
+            if field not in fields:
+                raise ValueError("--recipe-arg %s: %s's fields are %s (%s.FIELD=VALUE; its "
+                                 "num_steps is gradient_accumulation_steps)"
+                                 % (arg, head, ", ".join(fields), head))
+            self.plugins[head][field] = value
+        elif dot:
+            raise ValueError("--recipe-arg %s: %s is no dataclass of fields" % (arg, head))
+        elif head == "gradient_accumulation_steps":
+            if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+                raise ValueError("--recipe-arg %s: a whole number of micro-batches >= 1" % arg)
+            self.accumulate = value
+        else:
+            self.accelerator_args[head] = value
+        return True
 
     def cannot_run(self, scenario):
-        if scenario["model"] != "python":
-            return ("an Accelerate loop trains a torch module: the scenario's model must come from "
-                    "a Python file (--recipe substitutes examples/python/tiny_transformer.py for "
-                    "built-in models)")
-        if scenario["tp"] > 1 or scenario["cp"] > 1 or scenario["dp_replicate"] > 1:
-            return "gradnorm gives Accelerate data parallelism (DDP) only"
-        if scenario["optimizer_in_backward"]:
-            return "an Accelerate loop steps its optimizer once per window"
-        if scenario["loss"] != "mean_ce":
-            return "the loss is the loop's own, not the scenario's %s" % scenario["loss"]
-        if scenario["world_size"] > 1 and not _gt._process_is_initialized():
-            return ("Accelerate on W ranks needs a torch.distributed process group, which "
-                    "gradnorm's ranks have only as processes: run it with --nproc W (rank "
-                    "processes over Gloo), torchrun or Slurm")
-        return None
+        reason = super().cannot_run(scenario)
+        if reason is None and self.accumulate is not None:
+            window = scenario["accumulation_steps"]
+            if self.accumulate < window or (self.accumulate > window and scenario["steps"] != 1):
+                return ("gradient_accumulation_steps=%d: the scenario's windows hold %d "
+                        "micro-batches; a larger value is judged on one-step scenarios only, "
+                        "whose one window is then the data's last, partial one; a smaller one "
+                        "would step inside the scenario's window" % (self.accumulate, window))
+        return reason
 
 
 class _Samples(torch.utils.data.Dataset):
@@ -151,39 +200,22 @@ class _AccelerateRun(_gf.GreenletRun):
         with _gf.recording_clip_norms(self):
             super().advance(ctx, step)
 
-    def _environment(self):
-        """What accelerate reads to find this rank's place (its state.py, CPU ranks), set
-        before the Accelerator builds its state; OMP_NUM_THREADS the harness's thread count
-        (accelerate otherwise changes torch's)."""
-        os.environ.setdefault("OMP_NUM_THREADS", str(torch.get_num_threads()))
-        if self.dp_size == 1:
-            return
-        os.environ.update(RANK=str(self.dp_rank), WORLD_SIZE=str(self.dp_size),
-                          LOCAL_RANK=str(self.dp_rank), LOCAL_WORLD_SIZE=str(self.dp_size))
-        os.environ.setdefault("MASTER_ADDR", "127.0.0.1")
-        os.environ.setdefault("MASTER_PORT", "29500")
-
-    def collate(self, samples):
-        batch = torch.utils.data.default_collate(samples)
-        self.feeding.collated(batch["input_ids"])
-        return batch
-
-    def _forward_begins(self, _module, args, kwargs):
-        # The first forward after an optimizer step begins the next step: gradnorm judges the
-        # step before it (logged by then, by the contract).
-        while self.stepped > self.step:
-            self._parent.switch()
-        self.feeding.fed(kwargs.get("input_ids", args[0] if args else None))
-
     def _main(self):
         from accelerate import Accelerator
-        self._environment()
+        _gf.rank_environment(self)
         model = self.scenario_model()
-        model.register_forward_pre_hook(self._forward_begins, with_kwargs=True)
+        self.hand_back_at_forward(model)
         self.recipe_model = model
-        accelerator = Accelerator(cpu=True, gradient_accumulation_steps=self.accumulation_steps,
-                                  log_with=[_tracker_class()(self)],
-                                  project_dir=self._output.name)
+        from accelerate.utils import DataLoaderConfiguration, GradientAccumulationPlugin
+        recipe = self.recipe
+        kwargs = dict(recipe.accelerator_args, cpu=True, log_with=[_tracker_class()(self)],
+                      project_dir=self._output.name)
+        kwargs["gradient_accumulation_plugin"] = GradientAccumulationPlugin(
+            num_steps=recipe.accumulate or self.accumulation_steps,
+            **recipe.plugins["gradient_accumulation_plugin"])
+        if recipe.plugins["dataloader_config"]:
+            kwargs["dataloader_config"] = DataLoaderConfiguration(**recipe.plugins["dataloader_config"])
+        accelerator = Accelerator(**kwargs)
         kind = str(accelerator.distributed_type).split(".")[-1]
         if accelerator.num_processes != self.dp_size or (self.dp_size > 1 and kind != "MULTI_CPU"):
             raise RuntimeError("accelerate set up %d process(es) (%s) for a scenario of %d ranks: "

@@ -26,63 +26,27 @@ after the step and before it takes the next micro-batch. gradnorm resumes the lo
 step: the dataloader's first sample of the next step hands control back.
 """
 
-import os
-
 import gradnorm_frameworks as _gf
 import gradnorm_lightning as _gl
-import gradnorm_torch as _gt
 
 _PRECISION = {"float32": "32-true", "bfloat16": "bf16-true", "float64": "64-true"}
 
 
-class FabricLoop:
+class FabricLoop(_gf.UserLoop):
     """The user's loop function and gradnorm's own keys (--recipe-arg)."""
 
+    CALL = "FUNCTION(fabric, model, optimizer, dataloader, accumulation_steps, max_grad_norm)"
+    WHO = "a Fabric loop"
+    FRAMEWORK = "Fabric"
+    TAKES = ("log_name=NAME only; Fabric's constructor arguments are the scenario's (devices, "
+             "strategy, precision) and the loop is yours")
+
     def __init__(self, target, args, module_name, framework="fabric"):
-        path, _, name = target.rpartition(":")
-        if not path.endswith(".py") or not name:
-            raise ValueError("--recipe %s:%s: expected %s:PATH.py:FUNCTION (your loop, called as "
-                             "FUNCTION(fabric, model, optimizer, dataloader, accumulation_steps, "
-                             "max_grad_norm))" % (framework, target, framework))
-        self.file = os.path.abspath(path)
-        if not os.path.isfile(self.file):
-            raise FileNotFoundError("--recipe %s:%s: no such file %s" % (framework, target, path))
-        module = _gt.import_file(self.file, module_name)
-        found = getattr(module, name, None)
-        if not callable(found) or isinstance(found, type):
-            raise LookupError("--recipe %s:%s: %s defines no function named '%s'"
-                              % (framework, target, path, name))
-        self.function = found
+        super().__init__(target, args, module_name, framework)
         import lightning.fabric as package
         self.package = package
-        self.log_name = "loss"
-        for arg in args:
-            key, sep, text = arg.partition("=")
-            if key.strip() == "log_name" and sep:
-                self.log_name = text.strip()
-                continue
-            raise ValueError("--recipe-arg %s: a Fabric loop takes log_name=NAME only; Fabric's "
-                             "constructor arguments are the scenario's (devices, strategy, "
-                             "precision) and the loop is yours" % arg)
         import importlib.metadata
         self.what = "lightning %s's Fabric" % importlib.metadata.version("lightning")
-
-    def cannot_run(self, scenario):
-        if scenario["model"] != "python":
-            return ("a Fabric loop trains a torch module: the scenario's model must come from a "
-                    "Python file (--recipe substitutes examples/python/tiny_transformer.py for "
-                    "built-in models)")
-        if scenario["tp"] > 1 or scenario["cp"] > 1 or scenario["dp_replicate"] > 1:
-            return "gradnorm gives Fabric data parallelism (DDP) only"
-        if scenario["optimizer_in_backward"]:
-            return "a Fabric loop steps its optimizer once per window"
-        if scenario["loss"] != "mean_ce":
-            return "the loss is the loop's own, not the scenario's %s" % scenario["loss"]
-        if scenario["world_size"] > 1 and not _gt._process_is_initialized():
-            return ("Fabric on W ranks needs a torch.distributed process group, which gradnorm's "
-                    "ranks have only as processes: run it with --nproc W (rank processes over "
-                    "Gloo), torchrun or Slurm")
-        return None
 
 
 class _FabricRun(_gl.LightningFamilyRun):

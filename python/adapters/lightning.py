@@ -322,11 +322,6 @@ class LightningFamilyRun(_gf.GreenletRun):
         os.environ.setdefault("MASTER_ADDR", "127.0.0.1")
         os.environ.setdefault("MASTER_PORT", "29500")
 
-    def collate(self, samples):
-        batch = torch.utils.data.default_collate(samples)
-        self.feeding.collated(batch["input_ids"])
-        return batch
-
     def _finished(self):
         self._output.cleanup()
 

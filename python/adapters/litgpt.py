@@ -146,25 +146,16 @@ class LitgptScript:
         return None
 
 
-class _Samples(torch.utils.data.Dataset):
-    """This rank's samples, step by step, micro-batch by micro-batch, sequence by sequence, as
-    litgpt's datasets give them; each carries its step for the collate function (training)."""
-
-    def __init__(self, run):
-        self._run = run
-
-    def __len__(self):
-        run = self._run
-        return run.steps * run.accumulation_steps * run.micro_batch_size
+class _Samples(_gf.RankSamples):
+    """This rank's samples as litgpt's datasets give them; each carries its step for the
+    collate function (training)."""
 
     def __getitem__(self, index):
-        run = self._run
-        step, micro, row = _gf.sample_place(run, index)
-        tokens, aligned = _gf.aligned_sample(run.ctx.batches_of(step)[micro], row)
-        length = int(tokens.shape[0])
-        return {"input_ids": tokens.clone(), "labels": aligned,
-                "token_counts": {"raw": length, "raw_plus_prompt_template": length},
-                "_gradnorm_step": step}
+        sample = super().__getitem__(index)
+        length = int(sample["input_ids"].shape[0])
+        sample.update(token_counts={"raw": length, "raw_plus_prompt_template": length},
+                      _gradnorm_step=_gf.sample_place(self._run, index)[0])
+        return sample
 
 
 def _data_module_class():
@@ -251,9 +242,7 @@ class _LitgptRun(_gf.GreenletRun):
     def collate(self, samples):
         steps = {sample.pop("_gradnorm_step") for sample in samples}
         self.reached(max(steps))
-        batch = torch.utils.data.default_collate(samples)
-        self.feeding.collated(batch["input_ids"])
-        return batch
+        return super().collate(samples)
 
     def _checkpoint(self):
         from litgpt.utils import save_config

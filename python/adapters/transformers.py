@@ -301,18 +301,6 @@ class _TrainerRun(_gf.GreenletRun):
     def _constructed(self, trainer):
         """Called once the trainer is built, before it trains."""
 
-    def _distributed_environment(self):
-        """What accelerate reads to find this rank's place (its state.py, CPU ranks), set
-        before TrainingArguments builds accelerate's state. accelerate changes torch's thread
-        count where OMP_NUM_THREADS is unset; it is set to the harness's."""
-        os.environ.setdefault("OMP_NUM_THREADS", str(torch.get_num_threads()))
-        if self.dp_size == 1:
-            return
-        os.environ.update(RANK=str(self.dp_rank), WORLD_SIZE=str(self.dp_size),
-                          LOCAL_RANK=str(self.dp_rank), LOCAL_WORLD_SIZE=str(self.dp_size))
-        os.environ.setdefault("MASTER_ADDR", "127.0.0.1")
-        os.environ.setdefault("MASTER_PORT", "29500")
-
     def _check_distributed(self, trainer):
         accelerator = trainer.accelerator
         kind = str(accelerator.distributed_type).split(".")[-1]
@@ -322,7 +310,7 @@ class _TrainerRun(_gf.GreenletRun):
                 "would train alone" % (accelerator.num_processes, kind, self.dp_size))
 
     def _main(self):
-        self._distributed_environment()
+        _gf.rank_environment(self)
         args = self._arguments()
         model = self._model()
         self.recipe_model = model

@@ -711,6 +711,8 @@ constexpr FrameworkFacts kFrameworks[] = {
      "gradient_clip_val"},
     {"fabric:", "python:" GRADNORM_EXAMPLES_DIR "/python/tiny_transformer.py:tiny_transformer", ""},
     {"accelerate:", "python:" GRADNORM_EXAMPLES_DIR "/python/tiny_transformer.py:tiny_transformer", ""},
+    {"deepspeed:", "python:" GRADNORM_EXAMPLES_DIR "/python/tiny_transformer.py:tiny_transformer",
+     "gradient_clipping"},
     {"litgpt:", "python:" GRADNORM_EXAMPLES_DIR "/litgpt/tiny_gpt.py:tiny_gpt", "", true},
 };
 

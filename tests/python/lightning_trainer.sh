@@ -209,7 +209,7 @@ bad no-class-name "expected lightning:PATH.py:CLASS" --recipe "lightning:$exampl
 bad fabric-arg "a Fabric loop takes log_name=NAME only" --recipe "fabric:$loops:token_loop" \
   --recipe-arg devices=4
 bad fabric-class "defines no function named 'MeanLoss'" --recipe "fabric:$examples/mean_loss.py:MeanLoss"
-bad negative-clip "gradient_clip_val is a number >= 0 (0: Lightning does not clip)" \
+bad negative-clip "gradient_clip_val is a number >= 0 (0: no clipping)" \
   --recipe "$mean" --recipe-arg gradient_clip_val=-1
 
 exit $failed

@@ -279,16 +279,17 @@ std::string_view trimmed(std::string_view text) {
 }
 
 // The clip a --recipe-arg sets: Trainer's and SFTTrainer's max_grad_norm=V, Lightning's
-// gradient_clip_val=V.
+// gradient_clip_val=V, DeepSpeed's gradient_clipping=V.
 struct RecipeClip {
   std::string suffix;  // "@max_grad_norm=V", V as given: the scenarios judged are named for it
   double value;
 };
 
 // The framework's clip argument given as --recipe-arg KEY=V: its name suffix and value, or
-// nothing where it is not given. Both frameworks clip to V where V > 0 and not at all where V
-// is 0 (TrainingArguments' documented meaning; Lightning's Precision.clip_gradients returns
-// for V <= 0), so the scenario the oracle judges clips to V, or not at all.
+// nothing where it is not given. Every such framework clips to V where V > 0 and not at all
+// where V is 0 (TrainingArguments' documented meaning; Lightning's Precision.clip_gradients
+// returns for V <= 0; DeepSpeed's engine clips where gradient_clipping > 0), so the scenario
+// the oracle judges clips to V, or not at all.
 std::optional<RecipeClip> recipe_clip(const PythonStepOptions& step) {
   const std::string_view key = python::recipe_clip_argument(step.recipe);
   if (key.empty()) return std::nullopt;
@@ -304,9 +305,9 @@ std::optional<RecipeClip> recipe_clip(const PythonStepOptions& step) {
     if (text.empty() || error != std::errc() || end != text.data() + text.size() || !std::isfinite(value) ||
         value < 0) {
       throw scenarios::InvalidInput(fmt::format(
-          "--recipe-arg {}: {} is a number >= 0 (0: {} does not clip), the norm the "
-          "gradients are clipped to; the scenarios judged clip to it too",
-          arg, key, key == "max_grad_norm" ? "Trainer" : "Lightning"));
+          "--recipe-arg {}: {} is a number >= 0 (0: no clipping), the norm the gradients are "
+          "clipped to; the scenarios judged clip to it too",
+          arg, key));
     }
     if (found) throw scenarios::InvalidInput(fmt::format("--recipe-arg {} is given twice", key));
     found.emplace(RecipeClip{fmt::format("@{}={}", key, text), value});

@@ -51,3 +51,11 @@ def logs_elsewhere(accelerator, model, optimizer, dataloader, max_grad_norm):
 def never_clips(accelerator, model, optimizer, dataloader, max_grad_norm):
     """Ignores the clip it is given."""
     train(accelerator, model, optimizer, dataloader, None)
+
+
+def reports_even_batches(accelerator, model, optimizer, dataloader, max_grad_norm):
+    """Trains as token_loss.py does once it has checked that the Accelerator was given
+    even_batches=False (--recipe-arg dataloader_config.even_batches=false)."""
+    if accelerator.even_batches is not False:
+        raise RuntimeError("even_batches is %r, not False" % accelerator.even_batches)
+    train(accelerator, model, optimizer, dataloader, max_grad_norm)
