@@ -17,7 +17,9 @@
 #include <cstdio>
 #include <cstdlib>
 #include <functional>
+#include <future>
 #include <map>
+#include <memory>
 #include <optional>
 #include <thread>
 
@@ -227,43 +229,34 @@ class ProcessGroupTransport final : public Transport {
 
   std::string abort(const std::string& cause) override {
     if (!rendezvous_.file_store.empty()) return cause;  // the supervisor ends the others
-    leaving_ = true;
-    std::string message = cause;
-    try {
-      store_->set(failed_key(rendezvous_.rank), bytes(cause));
-      // A rank that failed inside a collective is usually a victim: name the ranks that
-      // never said why they left, after a moment in which the other victims say so.
-      if (cause.find(" failed: ") != std::string::npos) {
-        std::vector<int> silent;
-        const auto grace = std::chrono::steady_clock::now() + std::chrono::milliseconds(500);
-        do {
-          silent.clear();
-          for (int rank = 0; rank < rendezvous_.world_size; ++rank) {
-            if (rank == rendezvous_.rank) continue;
-            if (!store_->check({failed_key(rank)}) && !store_->check({done_key(rank)})) silent.push_back(rank);
-          }
-          if (silent.empty()) break;
-          std::this_thread::sleep_for(std::chrono::milliseconds(20));
-        } while (std::chrono::steady_clock::now() < grace);
-        std::string culprit;
-        for (int rank = 0; rank < rendezvous_.world_size && culprit.empty(); ++rank) {
-          if (rank == rendezvous_.rank || !store_->check({failed_key(rank)})) continue;
-          const std::string theirs = text(store_->get(failed_key(rank)));
-          if (theirs.find(" failed: ") == std::string::npos) culprit = theirs;
-        }
-        if (!culprit.empty()) {
-          message = fmt::format("{}; because {}", cause, culprit);
-        } else if (!silent.empty()) {
-          message = fmt::format("{}; rank {} said nothing (it died, hangs or never arrived)",
-                                cause, fmt::join(silent, ", "));
-        }
+    watch_->leaving = true;
+    // Every store call may block for good where the store's host or link went down (a socket
+    // that neither answers nor closes): the conversation runs on a thread of its own, waited
+    // for a bounded time, holding only what it owns.
+    auto said = std::make_shared<std::promise<std::string>>();
+    std::future<std::string> answer = said->get_future();
+    std::thread([said, store = store_, rendezvous = rendezvous_, cause] {
+      try {
+        said->set_value(explain(*store, rendezvous, cause));
+      } catch (...) {
+        said->set_exception(std::current_exception());
       }
-      store_->set(abort_key(), bytes(message));
-    } catch (const std::exception&) {
-      // The store is gone with its server: the peers' watchdogs see that for themselves.
-      message += fmt::format("; the rendezvous store at {}:{} no longer answers ({} served it)",
-                             rendezvous_.master_addr, rendezvous_.master_port,
-                             store_server(rendezvous_));
+    }).detach();
+    std::string message;
+    const auto bound = watchdog_period() * 15;
+    if (answer.wait_for(bound) != std::future_status::ready) {
+      message = fmt::format("{}; the rendezvous store at {}:{} did not answer within {} ms ({} serves it: "
+                            "its host or the network link to it is down)",
+                            cause, rendezvous_.master_addr, rendezvous_.master_port, bound.count(),
+                            store_server(rendezvous_));
+    } else {
+      try {
+        message = answer.get();
+      } catch (const std::exception&) {
+        // The store is gone with its server: the peers' watchdogs see that for themselves.
+        message = fmt::format("{}; the rendezvous store at {}:{} no longer answers ({} served it)", cause,
+                              rendezvous_.master_addr, rendezvous_.master_port, store_server(rendezvous_));
+      }
     }
     stop_watchdog();
     // A rank serving the store keeps it up a moment so the peers' watchdogs read why.
@@ -271,9 +264,54 @@ class ProcessGroupTransport final : public Transport {
     return message;
   }
 
+  // What this rank tells the others through the store as it aborts, and the message it ends
+  // with: its cause, and where a peer is to blame, that peer.
+  static std::string explain(c10d::Store& store, const Rendezvous& rendezvous, const std::string& cause) {
+    std::string message = cause;
+    store.set(failed_key(rendezvous.rank), bytes(cause));
+    if (cause.find(" failed: ") != std::string::npos) {
+      // A rank that failed inside a collective is usually a victim: name the ranks that
+      // never said why they left, after a moment in which the other victims say so.
+      std::vector<int> silent;
+      const auto grace = std::chrono::steady_clock::now() + std::chrono::milliseconds(500);
+      do {
+        silent.clear();
+        for (int rank = 0; rank < rendezvous.world_size; ++rank) {
+          if (rank == rendezvous.rank) continue;
+          if (!store.check({failed_key(rank)}) && !store.check({done_key(rank)})) silent.push_back(rank);
+        }
+        if (silent.empty()) break;
+        std::this_thread::sleep_for(std::chrono::milliseconds(20));
+      } while (std::chrono::steady_clock::now() < grace);
+      std::string culprit;
+      for (int rank = 0; rank < rendezvous.world_size && culprit.empty(); ++rank) {
+        if (rank == rendezvous.rank || !store.check({failed_key(rank)})) continue;
+        const std::string theirs = text(store.get(failed_key(rank)));
+        if (theirs.find(" failed: ") == std::string::npos) culprit = theirs;
+      }
+      if (!culprit.empty()) {
+        message = fmt::format("{}; because {}", cause, culprit);
+      } else if (!silent.empty()) {
+        message = fmt::format("{}; rank {} said nothing (it died, hangs or never arrived)", cause,
+                              fmt::join(silent, ", "));
+      }
+    } else if (cause.find(" did not return within ") != std::string::npos) {
+      // A step that hung may be waiting for a peer that is gone: name it where its heartbeat
+      // stopped (a peer that is only slow, or hangs in its own step, still beats).
+      if (const std::vector<int> gone = unheard(store, rendezvous); !gone.empty()) {
+        message = fmt::format(
+            "{}; rank {} has not been heard from in {} ms (its heartbeat through the store stopped: "
+            "its process died, or its host or network link went down)",
+            cause, fmt::join(gone, ", "), (watchdog_period() * 3).count());
+      }
+    }
+    store.set(abort_key(), bytes(message));
+    return message;
+  }
+
   void finish() override {
     if (!rendezvous_.file_store.empty()) return;
-    leaving_ = true;
+    watch_->leaving = true;
     try {
       store_->set(done_key(rendezvous_.rank), bytes("done"));
       if (serves_tcp_store(rendezvous_)) {
@@ -384,6 +422,7 @@ class ProcessGroupTransport final : public Transport {
   static std::string failed_key(int rank) { return fmt::format("gradnorm/failed/{}", rank); }
   static std::string done_key(int rank) { return fmt::format("gradnorm/done/{}", rank); }
   static std::string abort_key() { return "gradnorm/abort"; }
+  static std::string alive_key(int rank) { return fmt::format("gradnorm/alive/{}", rank); }
   static std::vector<std::uint8_t> bytes(const std::string& text) { return {text.begin(), text.end()}; }
   static std::string text(const std::vector<std::uint8_t>& bytes) { return {bytes.begin(), bytes.end()}; }
   static std::chrono::milliseconds watchdog_period() { return std::chrono::milliseconds(200); }
@@ -406,38 +445,77 @@ class ProcessGroupTransport final : public Transport {
           fmt::format("rank {}: rendezvous failed: {}", rendezvous_.rank, error_text(error)));
     }
     const std::string server = store_server(rendezvous_);
-    watchdog_ = std::thread([this, store, server] {
-      while (!stop_) {
+    watchdog_ = std::thread([watch = watch_, store, server, rank = rendezvous_.rank,
+                             addr = rendezvous_.master_addr, port = rendezvous_.master_port] {
+      while (!watch->stop) {
         std::this_thread::sleep_for(watchdog_period());
-        if (stop_ || leaving_) continue;
+        if (watch->stop || watch->leaving) continue;
         std::string why;
         try {
+          // A heartbeat the peers read when a step of theirs hangs: this rank's process, host
+          // and link are up while it counts.
+          store->add(alive_key(rank), 1);
           if (!store->check({abort_key()})) continue;
           why = text(store->get(abort_key()));
         } catch (const std::exception& error) {
-          if (stop_ || leaving_) continue;
-          why = fmt::format(
-              "rank {} lost the rendezvous store at {}:{} ({} serves it, and has gone): {}",
-              rendezvous_.rank, rendezvous_.master_addr, rendezvous_.master_port, server,
-              error_text(error));
+          if (watch->stop || watch->leaving) continue;
+          why = fmt::format("rank {} lost the rendezvous store at {}:{} ({} serves it, and has gone): {}",
+                            rank, addr, port, server, error_text(error));
         }
-        if (stop_ || leaving_) continue;
+        if (watch->stop || watch->leaving) continue;
         std::fprintf(stderr, "gradnorm: run aborted: %s\n", why.c_str());
         std::fflush(stderr);
         std::_Exit(3);  // as a rank that failed itself: the launcher must see the failure
       }
+      watch->exited = true;
     });
   }
 
+  // Stops the watchdog, waiting for it a few periods: one blocked on a store whose host or
+  // link went down (a socket that neither answers nor closes) is left to the process's end.
   void stop_watchdog() {
-    stop_ = true;
-    if (watchdog_.joinable() && watchdog_.get_id() != std::this_thread::get_id()) watchdog_.join();
+    watch_->stop = true;
+    if (!watchdog_.joinable() || watchdog_.get_id() == std::this_thread::get_id()) return;
+    const auto deadline = std::chrono::steady_clock::now() + watchdog_period() * 5;
+    while (!watch_->exited && std::chrono::steady_clock::now() < deadline) {
+      std::this_thread::sleep_for(std::chrono::milliseconds(10));
+    }
+    if (watch_->exited) {
+      watchdog_.join();
+    } else {
+      watchdog_.detach();
+    }
+  }
+
+  // The peers whose heartbeat (the watchdog's alive_key count) did not move in three
+  // watchdog periods, among those that neither finished nor said why they left: their process
+  // died, or their host or link went down.
+  static std::vector<int> unheard(c10d::Store& store, const Rendezvous& rendezvous) {
+    std::vector<std::int64_t> before;
+    for (int rank = 0; rank < rendezvous.world_size; ++rank) {
+      before.push_back(rank == rendezvous.rank ? 0 : store.add(alive_key(rank), 0));
+    }
+    std::this_thread::sleep_for(watchdog_period() * 3);
+    std::vector<int> ranks;
+    for (int rank = 0; rank < rendezvous.world_size; ++rank) {
+      if (rank == rendezvous.rank || store.check({done_key(rank)}) || store.check({failed_key(rank)})) {
+        continue;  // it finished, or said why it left
+      }
+      if (store.add(alive_key(rank), 0) == before[static_cast<std::size_t>(rank)]) ranks.push_back(rank);
+    }
+    return ranks;
   }
 
   std::map<std::vector<int>, ProcessGroupBackend> subgroups_;
   Rendezvous rendezvous_;
-  std::atomic<bool> stop_{false};
-  std::atomic<bool> leaving_{false};  // this rank aborts or finishes: the watchdog stands down
+  // Shared with the watchdog thread, which may outlive this object: a thread blocked on a
+  // store that no longer answers is left behind, holding only what it owns.
+  struct WatchdogState {
+    std::atomic<bool> stop{false};
+    std::atomic<bool> leaving{false};  // this rank aborts or finishes: the watchdog stands down
+    std::atomic<bool> exited{false};
+  };
+  std::shared_ptr<WatchdogState> watch_ = std::make_shared<WatchdogState>();
   std::thread watchdog_;
   RunOptions options_;
   c10::intrusive_ptr<c10d::Store> store_;
