@@ -541,6 +541,13 @@ def in_forked_child():
     return os.getpid() != _HARNESS_PID
 
 
+def become_harness():
+    """This process is a harness of its own: a warm rank process the harness forked
+    (docs/ranks.md), not a child a step forked."""
+    global _HARNESS_PID
+    _HARNESS_PID = os.getpid()
+
+
 def leave_forked_child(status):
     """Ends a forked child that reached the harness's code again (a step returned or raised
     in it): the parent's harness goes on; the child goes at once, with no cleanup of the

@@ -18,6 +18,7 @@ struct Registry {
   // A deque, so a reference from find_variant survives later registrations.
   std::deque<VariantSpec> specs;
   bool builtins_loaded = false;
+  std::size_t builtins = 0;  // the first `builtins` specs are gradnorm's own
 };
 
 Registry& registry() {
@@ -26,6 +27,7 @@ Registry& registry() {
   if (!r.builtins_loaded) {
     r.builtins_loaded = true;
     recipes::register_builtin_variants();
+    r.builtins = r.specs.size();
   }
   return r;
 }
@@ -38,6 +40,12 @@ const VariantSpec* lookup(const Registry& r, std::string_view name) {
 }
 
 }  // namespace
+
+void forget_declared_variants() {
+  Registry& r = registry();
+  std::lock_guard lock(r.mutex);
+  r.specs.resize(r.builtins);
+}
 
 void register_variant(VariantSpec spec) {
   Registry& r = registry();

@@ -54,6 +54,10 @@ Interpreter::Interpreter() {
   // bin/python, CPython reads the pyvenv.cfg beside it and takes that environment's
   // site-packages, where its torch is. No signal handlers: the harness and its supervisor
   // own SIGINT and SIGTERM.
+  // NumPy's OpenBLAS starts a server thread at import (torch imports NumPy) unless told to
+  // use one thread: a process that forks warm rank processes must have none (docs/ranks.md).
+  // torch's own kernels do not use it.
+  setenv("OPENBLAS_NUM_THREADS", "1", /*overwrite=*/0);
   PyConfig config;
   PyConfig_InitPythonConfig(&config);
   config.parse_argv = 0;

@@ -612,6 +612,58 @@ void hold_interpreter_until_exit() {
   if (detail::Interpreter::started()) PyGILState_Ensure();
 }
 
+namespace {
+PyGILState_STATE fork_gil;  // taken by before_fork, given back after it in parent and child
+}  // namespace
+
+std::vector<std::string> python_threads() {
+  std::vector<std::string> names;
+  if (!detail::Interpreter::started()) return names;
+  py::gil_scoped_acquire gil;
+  try {
+    py::module_ threading = py::module_::import("threading");
+    py::object main = threading.attr("main_thread")();
+    for (py::handle thread : threading.attr("enumerate")()) {
+      if (!thread.is(main)) names.push_back(py::str(thread.attr("name")).cast<std::string>());
+    }
+  } catch (py::error_already_set&) {
+  }
+  return names;
+}
+
+void before_fork() {
+  if (!detail::Interpreter::started()) return;
+  fork_gil = PyGILState_Ensure();
+  // What Python buffered for standard output or error is written once, by this process.
+  for (const char* name : {"stdout", "stderr"}) {
+    if (PyObject* stream = PySys_GetObject(name); stream != nullptr && stream != Py_None) {
+      if (PyObject* done = PyObject_CallMethod(stream, "flush", nullptr)) {
+        Py_DECREF(done);
+      } else {
+        PyErr_Clear();
+      }
+    }
+  }
+  PyOS_BeforeFork();
+}
+
+void after_fork_parent() {
+  if (!detail::Interpreter::started()) return;
+  PyOS_AfterFork_Parent();
+  PyGILState_Release(fork_gil);
+}
+
+void after_fork_child() {
+  if (!detail::Interpreter::started()) return;
+  PyOS_AfterFork_Child();
+  try {
+    detail::Interpreter::get().runtime().attr("become_harness")();
+  } catch (py::error_already_set&) {
+    PyErr_Clear();  // gradnorm_torch defines it: nothing to do but go on
+  }
+  PyGILState_Release(fork_gil);
+}
+
 harness::Role parse_python_role(const std::string& text) {
   if (text == "candidate") return harness::Role::candidate;
   if (text == "reference") return harness::Role::reference;

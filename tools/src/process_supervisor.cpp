@@ -9,6 +9,7 @@
 #include <unistd.h>
 
 #include <atomic>
+#include <csignal>
 #include <cstdlib>
 #include <cstring>
 #include <filesystem>
@@ -73,6 +74,19 @@ void write_rank_done(int rank) {
   std::ofstream(std::filesystem::path(dir) / fmt::format("done.{}", rank)) << "done\n";
 }
 
+std::vector<std::string> other_threads() {
+  std::vector<std::string> names;
+  const std::string self = std::to_string(gettid());
+  std::error_code error;
+  for (const auto& task : std::filesystem::directory_iterator("/proc/self/task", error)) {
+    const std::string id = task.path().filename().string();
+    if (id == self) continue;
+    std::string name = read_first_line(task.path() / "comm");
+    names.push_back(fmt::format("{} ({})", name.empty() ? "?" : name, id));
+  }
+  return names;
+}
+
 int supervise(const SupervisorOptions& options) {
   char pattern[] = "/tmp/gradnorm-ranks-XXXXXX";
   if (mkdtemp(pattern) == nullptr) {
@@ -106,6 +120,22 @@ int supervise(const SupervisorOptions& options) {
   // A closed terminal (SIGHUP) ends the run as INT and TERM do: ranks stopped, folder gone.
   for (int signal : {SIGINT, SIGTERM, SIGHUP}) sigaction(signal, &action, nullptr);
 
+  // Warm ranks fork this process as it is: only where no other thread runs (a thread's locks
+  // and pools would be copied held and dead into every rank).
+  bool warm = static_cast<bool>(options.warm);
+  if (warm) {
+    if (const std::vector<std::string> others = other_threads(); !others.empty()) {
+      const std::vector<std::string> named = options.named_threads();
+      fmt::print(stderr,
+                 "gradnorm: rank processes start by exec, not warm: this process runs {} "
+                 "thread{} beside its own: {}{}\n",
+                 others.size(), others.size() == 1 ? "" : "s", fmt::join(others, ", "),
+                 named.empty() ? "" : fmt::format(" (Python threads: {})", fmt::join(named, ", ")));
+      warm = false;
+    }
+  }
+  std::fflush(nullptr);  // nothing buffered is copied into a warm rank to be written twice
+
   const pid_t supervisor = getpid();
   const bool rank0_prints = options.rank0_prints;
   std::vector<pid_t> children;
@@ -124,6 +154,7 @@ int supervise(const SupervisorOptions& options) {
     envp.push_back(nullptr);
     const std::string log = (folder / fmt::format("rank{}.log", rank)).string();
 
+    if (warm) options.before_fork();
     const pid_t child = fork();
     if (child == 0) {
       setpgid(0, group);  // the first child founds the group, the others join it
@@ -135,9 +166,27 @@ int supervise(const SupervisorOptions& options) {
         const int null = open("/dev/null", O_WRONLY);
         if (null >= 0) dup2(null, STDOUT_FILENO);
       }
+      if (warm) {
+        // The only thread of a copy of this process: it takes its rank's variables and
+        // runs the rank's command line, as the exec'd program would.
+        options.after_fork_child();
+        for (int signal : {SIGINT, SIGTERM, SIGHUP}) std::signal(signal, SIG_DFL);
+        clearenv();
+        for (char* entry : envp) {
+          if (entry != nullptr) putenv(entry);
+        }
+        int code = 70;
+        try {
+          code = options.warm(static_cast<int>(argv.size()) - 1, argv.data());
+        } catch (...) {
+        }
+        std::fflush(nullptr);
+        _exit(code);
+      }
       execve(argv[0], argv.data(), envp.data());
       _exit(127);
     }
+    if (warm) options.after_fork_parent();
     if (child < 0) {
       fmt::print(stderr, "gradnorm: fork failed for rank {}: {}\n", rank, std::strerror(errno));
       break;

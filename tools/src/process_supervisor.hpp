@@ -4,6 +4,7 @@
 // the others are killed, every child is reaped, and the rendezvous folder is removed.
 
 #include <chrono>
+#include <functional>
 #include <string>
 #include <vector>
 
@@ -16,7 +17,22 @@ struct SupervisorOptions {
   // Arguments after the program name for every rank ("run --launcher env ...").
   std::vector<std::string> rank_arguments;
   bool rank0_prints = true;  // rank 0's standard output reaches ours; the others' never does
+  // Warm rank processes: where set, each rank is this process forked, which then sets its
+  // rank's variables and returns warm(argc, argv) as its exit status instead of exec'ing
+  // the program anew, keeping what the parent loaded (the interpreter, torch, the step's
+  // module). The hooks bracket each fork (the interpreter's, python::before_fork and its
+  // pair). Taken only where this process runs no thread but its own; otherwise the ranks are
+  // exec'd, with a notice naming the threads.
+  std::function<int(int, char**)> warm = nullptr;
+  std::function<void()> before_fork = [] {};
+  std::function<void()> after_fork_parent = [] {};
+  std::function<void()> after_fork_child = [] {};
+  // Names of the threads the supervisor's code knows by name (Python's), for the notice.
+  std::function<std::vector<std::string>()> named_threads = [] { return std::vector<std::string>{}; };
 };
+
+// The names of the threads this process runs beside the calling one (/proc/self/task).
+std::vector<std::string> other_threads();
 
 inline constexpr int kExitRankFailed = 3;
 

@@ -15,6 +15,7 @@
 #include "../command_line.hpp"
 #include "../process_supervisor.hpp"
 #include "../report_paths.hpp"
+#include "gradnorm/tools/cli.hpp"
 #include "gradnorm/harness/determinism.hpp"
 #include "gradnorm/harness/model.hpp"
 #include "gradnorm/harness/transport.hpp"
@@ -78,6 +79,12 @@ std::chrono::milliseconds timeout_of(const RunOptions& options) {
 
 // The same command line for a rank process, with "--launcher env" (added when --nproc
 // alone chose processes, so a rank never starts ranks of its own).
+// Whether --nproc forks warm rank processes: GRADNORM_WARM_RANKS=1 (exec is the default).
+bool warm_ranks() {
+  const char* value = std::getenv("GRADNORM_WARM_RANKS");
+  return value != nullptr && std::string(value) == "1";
+}
+
 std::vector<std::string> rank_arguments(int argc, char** argv) {
   std::vector<std::string> out;
   bool launcher_given = false;
@@ -437,10 +444,22 @@ int run_command(const RunOptions& options, int argc, char** argv) {
       last.rank = options.processes - 1;
       check_nccl_usable(last);
     }
-    return supervise(SupervisorOptions{
-        .processes = options.processes,
-        .timeout = run_options.timeout,
-        .rank_arguments = rank_arguments(argc, argv)});
+    SupervisorOptions supervisor{.processes = options.processes,
+                                 .timeout = run_options.timeout,
+                                 .rank_arguments = rank_arguments(argc, argv)};
+    if (warm_ranks()) {
+      // Each rank is this process forked, with the interpreter, torch and the steps' modules
+      // it loaded above (docs/ranks.md, "Warm rank processes").
+      supervisor.warm = [](int rank_argc, char** rank_argv) {
+        harness::forget_declared_variants();  // the rank declares them from its own arguments
+        return run_command_line(rank_argc, rank_argv);
+      };
+      supervisor.before_fork = python::before_fork;
+      supervisor.after_fork_parent = python::after_fork_parent;
+      supervisor.after_fork_child = python::after_fork_child;
+      supervisor.named_threads = python::python_threads;
+    }
+    return supervise(supervisor);
   }
 
   oracles::EvaluateOptions evaluate_options{

@@ -97,6 +97,11 @@ struct VariantSpec {
 // factory, an unknown reference, or a negative control without bug_visible.
 void register_variant(VariantSpec spec);
 
+// Forgets every variant registered after gradnorm's own (Python steps, recipes, a scenario
+// file's): a warm rank process, a copy of the process that declared them, declares them anew
+// from its own command line. References find_variant gave for them are then invalid.
+void forget_declared_variants();
+
 // Every registered variant, built-ins first, in registration order.
 [[nodiscard]] std::vector<VariantSpec> variants();
 // Throws scenarios::InvalidInput listing the registered names.

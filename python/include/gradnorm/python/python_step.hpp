@@ -97,6 +97,17 @@ void install_python_models();
 // torch's thread-local Python objects can be destroyed at exit.
 void hold_interpreter_until_exit();
 
+// Forking a process that runs the embedded interpreter (warm rank processes, docs/ranks.md):
+// before_fork takes the GIL and CPython's fork locks, after_fork_parent and
+// after_fork_child (in the child, which is then the only thread) give them back. Each does
+// nothing where the interpreter never started.
+void before_fork();
+// The names of the interpreter's Python threads but its main one (threading.enumerate()),
+// none where it never started: what a supervisor that cannot fork warm ranks names.
+[[nodiscard]] std::vector<std::string> python_threads();
+void after_fork_parent();
+void after_fork_child();
+
 // The embedded Python, for `gradnorm --version`: the CPython version built in and the
 // environment whose site-packages it takes (GRADNORM_PYTHON, or the one the build used),
 // without starting the interpreter.
