@@ -541,11 +541,15 @@ def in_forked_child():
     return os.getpid() != _HARNESS_PID
 
 
-def become_harness():
+def become_harness(environment):
     """This process is a harness of its own: a warm rank process the harness forked
-    (docs/ranks.md), not a child a step forked."""
+    (docs/ranks.md), not a child a step forked. Its environment is ENVIRONMENT: os.environ
+    (which CPython copies once, at start-up) and the C environment both, as an exec'd rank's
+    would be."""
     global _HARNESS_PID
     _HARNESS_PID = os.getpid()
+    os.environ.clear()
+    os.environ.update(environment)
 
 
 def leave_forked_child(status):

@@ -4,6 +4,7 @@
 
 #include <deque>
 #include <mutex>
+#include <optional>
 
 #include "../recipes/builtin.hpp"
 #include "gradnorm/harness/step.hpp"
@@ -19,6 +20,7 @@ struct Registry {
   std::deque<VariantSpec> specs;
   bool builtins_loaded = false;
   std::size_t builtins = 0;  // the first `builtins` specs are gradnorm's own
+  std::optional<std::size_t> marked;  // mark_registered_variants
 };
 
 Registry& registry() {
@@ -41,10 +43,16 @@ const VariantSpec* lookup(const Registry& r, std::string_view name) {
 
 }  // namespace
 
+void mark_registered_variants() {
+  Registry& r = registry();
+  std::lock_guard lock(r.mutex);
+  r.marked = r.specs.size();
+}
+
 void forget_declared_variants() {
   Registry& r = registry();
   std::lock_guard lock(r.mutex);
-  r.specs.resize(r.builtins);
+  r.specs.resize(r.marked ? *r.marked : r.builtins);
 }
 
 void register_variant(VariantSpec spec) {

@@ -653,13 +653,21 @@ void after_fork_parent() {
   PyGILState_Release(fork_gil);
 }
 
-void after_fork_child() {
+void after_fork_child(const std::vector<std::string>& environment) {
   if (!detail::Interpreter::started()) return;
   PyOS_AfterFork_Child();
   try {
-    detail::Interpreter::get().runtime().attr("become_harness")();
-  } catch (py::error_already_set&) {
-    PyErr_Clear();  // gradnorm_torch defines it: nothing to do but go on
+    py::dict variables;
+    for (const std::string& entry : environment) {
+      const std::size_t equals = entry.find('=');
+      if (equals != std::string::npos) variables[py::str(entry.substr(0, equals))] = py::str(entry.substr(equals + 1));
+    }
+    detail::Interpreter::get().runtime().attr("become_harness")(variables);
+  } catch (py::error_already_set& error) {
+    // The rank would run with the supervisor's os.environ: it must not run at all.
+    std::fprintf(stderr, "gradnorm: a warm rank process could not take its environment: %s\n", error.what());
+    std::fflush(stderr);
+    std::_Exit(70);
   }
   PyGILState_Release(fork_gil);
 }

@@ -169,12 +169,12 @@ int supervise(const SupervisorOptions& options) {
       if (warm) {
         // The only thread of a copy of this process: it takes its rank's variables and
         // runs the rank's command line, as the exec'd program would.
-        options.after_fork_child();
         for (int signal : {SIGINT, SIGTERM, SIGHUP}) std::signal(signal, SIG_DFL);
         clearenv();
         for (char* entry : envp) {
           if (entry != nullptr) putenv(entry);
         }
+        options.after_fork_child(env);  // the interpreter's os.environ too
         int code = 70;
         try {
           code = options.warm(static_cast<int>(argv.size()) - 1, argv.data());

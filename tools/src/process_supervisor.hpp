@@ -26,7 +26,7 @@ struct SupervisorOptions {
   std::function<int(int, char**)> warm = nullptr;
   std::function<void()> before_fork = [] {};
   std::function<void()> after_fork_parent = [] {};
-  std::function<void()> after_fork_child = [] {};
+  std::function<void(const std::vector<std::string>&)> after_fork_child = [](const std::vector<std::string>&) {};
   // Names of the threads the supervisor's code knows by name (Python's), for the notice.
   std::function<std::vector<std::string>()> named_threads = [] { return std::vector<std::string>{}; };
 };

@@ -408,6 +408,9 @@ int run_command(const RunOptions& options, int argc, char** argv) {
   run_options.timeout = timeout_of(options);
   // Before the steps load: their import and cannot_run run under --timeout too.
   python::set_step_timeout(run_options.timeout);
+  // What a warm rank keeps of this process's registry: what was there before this run declared
+  // its steps (a C++ program's own, registered in its main).
+  harness::mark_registered_variants();
   const std::vector<std::string> declared =
       declare_steps(options.python_step, options.scenario_files);
   const auto variant_list = pick_run_variants(options.variant_patterns, declared);

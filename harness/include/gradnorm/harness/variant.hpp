@@ -97,9 +97,13 @@ struct VariantSpec {
 // factory, an unknown reference, or a negative control without bug_visible.
 void register_variant(VariantSpec spec);
 
-// Forgets every variant registered after gradnorm's own (Python steps, recipes, a scenario
-// file's): a warm rank process, a copy of the process that declared them, declares them anew
-// from its own command line. References find_variant gave for them are then invalid.
+// mark_registered_variants marks the variants registered so far (gradnorm's own, and a C++
+// program's own steps registered before its command line runs); forget_declared_variants
+// forgets every one registered after the mark (Python steps, recipes, a scenario file's), or
+// after gradnorm's own where none was made: a warm rank process, a copy of the process that
+// declared them, declares them anew from its own command line. References find_variant gave
+// for them are then invalid.
+void mark_registered_variants();
 void forget_declared_variants();
 
 // Every registered variant, built-ins first, in registration order.

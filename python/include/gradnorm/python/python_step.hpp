@@ -99,14 +99,15 @@ void hold_interpreter_until_exit();
 
 // Forking a process that runs the embedded interpreter (warm rank processes, docs/ranks.md):
 // before_fork takes the GIL and CPython's fork locks, after_fork_parent and
-// after_fork_child (in the child, which is then the only thread) give them back. Each does
+// after_fork_child (in the child, which is then the only thread) give them back; the child's
+// os.environ becomes ENVIRONMENT ("KEY=VALUE" entries), the C environment with it. Each does
 // nothing where the interpreter never started.
 void before_fork();
 // The names of the interpreter's Python threads but its main one (threading.enumerate()),
 // none where it never started: what a supervisor that cannot fork warm ranks names.
 [[nodiscard]] std::vector<std::string> python_threads();
 void after_fork_parent();
-void after_fork_child();
+void after_fork_child(const std::vector<std::string>& environment);
 
 // The embedded Python, for `gradnorm --version`: the CPython version built in and the
 // environment whose site-packages it takes (GRADNORM_PYTHON, or the one the build used),
