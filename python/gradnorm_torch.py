@@ -36,7 +36,22 @@ from torch.distributed import distributed_c10d as _c10d
 
 _local = threading.local()
 _process_default_group = _c10d._get_default_group
-_process_is_initialized = _c10d.is_initialized
+_c10d_is_initialized = _c10d.is_initialized
+# fuzz --nproc: the fuzzing process asks each step's cannot_run about cases its rank processes
+# will run, each with a process group; it has none of its own (plan_for_rank_processes).
+_planning_for_rank_processes = False
+
+
+def _process_is_initialized():
+    return _planning_for_rank_processes or _c10d_is_initialized()
+
+
+def plan_for_rank_processes():
+    """From now on this process only plans runs for rank processes (fuzz --nproc): a step's
+    cannot_run is answered as in a rank, which has a torch.distributed process group."""
+    global _planning_for_rank_processes
+    _planning_for_rank_processes = True
+
 _process_init_process_group = _c10d.init_process_group
 
 
@@ -546,8 +561,9 @@ def become_harness(environment):
     (docs/ranks.md), not a child a step forked. Its environment is ENVIRONMENT: os.environ
     (which CPython copies once, at start-up) and the C environment both, as an exec'd rank's
     would be."""
-    global _HARNESS_PID
+    global _HARNESS_PID, _planning_for_rank_processes
     _HARNESS_PID = os.getpid()
+    _planning_for_rank_processes = False  # a rank's own process group is real
     os.environ.clear()
     os.environ.update(environment)
 

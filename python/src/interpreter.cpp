@@ -58,6 +58,10 @@ Interpreter::Interpreter() {
   // use one thread: a process that forks warm rank processes must have none (docs/ranks.md).
   // torch's own kernels do not use it.
   setenv("OPENBLAS_NUM_THREADS", "1", /*overwrite=*/0);
+  // pyarrow (which transformers imports, through datasets) starts jemalloc's background
+  // purging thread at import unless its jemalloc is told otherwise; it then returns freed
+  // pages on allocation instead. Numbers are not touched.
+  setenv("JE_ARROW_MALLOC_CONF", "background_thread:false", /*overwrite=*/0);
   PyConfig config;
   PyConfig_InitPythonConfig(&config);
   config.parse_argv = 0;

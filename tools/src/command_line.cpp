@@ -1,6 +1,9 @@
 // What the subcommands share (command_line.hpp).
 #include "command_line.hpp"
 
+#include "gradnorm/tools/cli.hpp"
+#include "process_supervisor.hpp"
+
 #include <fmt/format.h>
 #include <fmt/ranges.h>
 
@@ -192,6 +195,35 @@ void add_python_step_options(CLI::App& command, PythonStepOptions& options, bool
                      "the Python step transcribes this variant: expect its documented findings");
 }
 
+
+void fork_ranks_warm(SupervisorOptions& supervisor) {
+  supervisor.warm = [](int rank_argc, char** rank_argv) {
+    harness::forget_declared_variants();  // the rank declares them from its own arguments
+    return run_command_line(rank_argc, rank_argv);
+  };
+  supervisor.before_fork = python::before_fork;
+  supervisor.after_fork_parent = python::after_fork_parent;
+  supervisor.after_fork_child = python::after_fork_child;
+  supervisor.named_threads = python::python_threads;
+}
+
+std::vector<std::string> python_step_arguments(const PythonStepOptions& py) {
+  std::vector<std::string> out;
+  if (!py.source.empty()) {
+    out.insert(out.end(), {"--python-step", py.source});
+    if (!py.name.empty()) out.insert(out.end(), {"--name", py.name});
+    if (py.reference != "baseline") out.insert(out.end(), {"--reference", py.reference});
+    if (py.role != "candidate") out.insert(out.end(), {"--role", py.role});
+    if (!py.findings_of.empty()) out.insert(out.end(), {"--findings-of", py.findings_of});
+  }
+  if (!py.recipe.empty()) {
+    out.insert(out.end(), {"--recipe", py.recipe});
+    for (const std::string& arg : py.recipe_args) out.insert(out.end(), {"--recipe-arg", arg});
+    if (!py.recipe_model.empty()) out.insert(out.end(), {"--recipe-model", py.recipe_model});
+    if (py.source.empty() && !py.name.empty()) out.insert(out.end(), {"--name", py.name});
+  }
+  return out;
+}
 
 // Registers the steps a run declares (--python-step, and [[variant]] tables in the scenario
 // files) and returns their names, in declaration order. Rank processes re-run the same

@@ -14,6 +14,8 @@
 
 namespace gradnorm::tools {
 
+struct SupervisorOptions;
+
 constexpr int kExitAsExpected = 0;
 constexpr int kExitUnexpected = 1;
 constexpr int kExitUsage = 2;
@@ -72,6 +74,14 @@ struct PythonStepOptions {
 
 // `recipes`: the command also takes --recipe (run, bench and fuzz).
 void add_python_step_options(CLI::App& command, PythonStepOptions& options, bool recipes = false);
+// The options that give `step` again, as given (--python-step ..., --recipe ...): what a
+// reproduce command and a rank process's command line carry.
+[[nodiscard]] std::vector<std::string> python_step_arguments(const PythonStepOptions& step);
+
+// Makes `supervisor` fork each rank from this process, with the interpreter, torch and the
+// steps' modules it loaded (docs/ranks.md, "Warm rank processes"): the rank forgets the steps
+// this process declared and declares them from its own command line.
+void fork_ranks_warm(SupervisorOptions& supervisor);
 
 // Registers the steps a command declares (--python-step, --recipe, and [[variant]] tables in
 // the scenario files) and returns their names, in declaration order. Rank processes re-run

@@ -7,7 +7,9 @@
 #include <string>
 #include <vector>
 
+#include "gradnorm/scenarios/generators.hpp"
 #include "gradnorm/scenarios/scenario.hpp"
+#include "rank_judgement.hpp"
 
 namespace gradnorm::tools {
 
@@ -20,6 +22,13 @@ struct FuzzOptions {
   // Real recipe code (--recipe): the generated single-device scenarios get their causal LM
   // replaced by the recipe's Python-file model, the one property fuzzed on them.
   std::function<scenarios::Scenario(scenarios::Scenario)> recipe_model{};
+  // fuzz --nproc W or W1-W2: each case's ranks are processes, as many as its world size,
+  // drawn from this range; {0, 0}: ranks as threads of this process.
+  scenarios::WorldSizes processes{};
+  // With processes: judges a step on one case on its rank processes (commands/fuzz.cpp).
+  std::function<RankJudgement(const scenarios::Scenario&, const std::string& variant)> judge_on_ranks{};
+  // With processes: how to run a counter-example again ("gradnorm run -f FILE --nproc W ...").
+  std::function<std::string(const scenarios::Scenario&, const std::string& variant)> replay{};
 };
 
 // 0 when every property held; 1 with the smallest counter-example printed as a scenario.

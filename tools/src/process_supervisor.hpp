@@ -17,6 +17,9 @@ struct SupervisorOptions {
   // Arguments after the program name for every rank ("run --launcher env ...").
   std::vector<std::string> rank_arguments;
   bool rank0_prints = true;  // rank 0's standard output reaches ours; the others' never does
+  // Where set, what the run would print on standard error (a fault naming its rank, what rank
+  // 0 said there) is put here instead: fuzzing prints it with the counter-example it explains.
+  std::string* said = nullptr;
   // Warm rank processes: where set, each rank is this process forked, which then sets its
   // rank's variables and returns warm(argc, argv) as its exit status instead of exec'ing
   // the program anew, keeping what the parent loaded (the interpreter, torch, the step's
@@ -39,6 +42,12 @@ inline constexpr int kExitRankFailed = 3;
 // Returns rank 0's exit status when every rank finished, kExitRankFailed after a fault (the
 // cause, naming the rank, is printed on standard error).
 int supervise(const SupervisorOptions& options);
+
+// gradnorm bench --ranks: a rank that has made its process group appends "RANK MS KIB" to
+// $GRADNORM_BENCH_READY: milliseconds since the supervisor started it, and the memory it
+// holds alone (smaps_rollup's Private_Clean + Private_Dirty). Nothing where unset.
+void note_rank_ready(int rank);
+long monotonic_ns();
 
 // Where a failing rank leaves its one-line cause for the supervisor ($GRADNORM_STATUS_DIR).
 void write_rank_status(int rank, const std::string& cause);

@@ -5,6 +5,7 @@
 #include "../command_line.hpp"
 #include "../bench.hpp"
 #include "../floor_bench.hpp"
+#include "../rank_bench.hpp"
 
 namespace gradnorm::tools {
 namespace {
@@ -34,6 +35,10 @@ class BenchCommand : public Subcommand {
                       "straight against LibTorch on one thread, with no harness: the floor "
                       "under gradnorm's per-case cost")
         ->check(readable_file());
+    app_->add_flag("--ranks", ranks_,
+                    "time rank processes against the targets docs/speed.md sets: a forked rank's "
+                    "start and memory, run --nproc 2 against threads, Trainer on 2 ranks against "
+                    "one device, fuzz --nproc 2 cases per second (default --repeat 3)");
     app_->add_flag("--growth", growth_,
                     "tabulate time and peak memory per case against world size, sequence length "
                     "and accumulation, threads and processes");
@@ -42,6 +47,7 @@ class BenchCommand : public Subcommand {
   int run() override {
     if (scale_pass_max_ > 0) return scale_pass_bench_command(scale_pass_max_, options_.repeat);
     if (growth_) return growth_bench_command(options_.repeat);
+    if (ranks_) return rank_bench_command(app_->count("--repeat") > 0 ? options_.repeat : 3);
     if (!floor_.empty()) return floor_bench_command(floor_);
     if (python_step_.source.empty() && python_step_.recipe.empty()) {
       if (!against_.empty()) {  // it was silently ignored
@@ -77,6 +83,7 @@ class BenchCommand : public Subcommand {
   long scale_pass_max_ = 0;
   std::string floor_;
   bool growth_ = false;
+  bool ranks_ = false;
 };
 
 class BenchOneCommand : public Subcommand {

@@ -14,6 +14,7 @@
 #include "../bench.hpp"
 #include "../command_line.hpp"
 #include "../process_supervisor.hpp"
+#include "../rank_judgement.hpp"
 #include "../report_paths.hpp"
 #include "gradnorm/tools/cli.hpp"
 #include "gradnorm/harness/determinism.hpp"
@@ -71,6 +72,9 @@ struct RunOptions {
   PythonStepOptions python_step;
   int jobs = 0;  // 0: every core
   std::string memory_budget;  // empty: kDefaultMemoryFraction of the machine's memory
+  // fuzz --nproc's rank processes (hidden): rank 0 writes the one case's judgement of the
+  // first -v step here (rank_judgement.hpp) instead of reporting.
+  std::string judgement_path;
 };
 
 std::chrono::milliseconds timeout_of(const RunOptions& options) {
@@ -131,20 +135,8 @@ std::vector<std::string> reproduce_arguments(const RunOptions& options) {
     out.push_back("-f");
     out.push_back(file);
   }
-  const PythonStepOptions& py = options.python_step;
-  if (!py.source.empty()) {
-    out.insert(out.end(), {"--python-step", py.source});
-    if (!py.name.empty()) out.insert(out.end(), {"--name", py.name});
-    if (py.reference != "baseline") out.insert(out.end(), {"--reference", py.reference});
-    if (py.role != "candidate") out.insert(out.end(), {"--role", py.role});
-    if (!py.findings_of.empty()) out.insert(out.end(), {"--findings-of", py.findings_of});
-  }
-  if (!py.recipe.empty()) {
-    out.insert(out.end(), {"--recipe", py.recipe});
-    for (const std::string& arg : py.recipe_args) out.insert(out.end(), {"--recipe-arg", arg});
-    if (!py.recipe_model.empty()) out.insert(out.end(), {"--recipe-model", py.recipe_model});
-    if (py.source.empty() && !py.name.empty()) out.insert(out.end(), {"--name", py.name});
-  }
+  const std::vector<std::string> step = python_step_arguments(options.python_step);
+  out.insert(out.end(), step.begin(), step.end());
   if (options.ignore_findings) out.push_back("--ignore-findings");
   return out;
 }
@@ -352,8 +344,11 @@ void check_before_running(const std::vector<scenarios::Scenario>& scenario_list,
   // A model from a file is loaded, built and checked now, once per process and before any
   // row runs: a bad file is an input error, and a Python model's random draws are made
   // here, one build at a time, never beside a running step (python/src/python_model.cpp).
+  // On one intra-op thread, as every judged step runs: a forward on more would start ATen's
+  // OpenMP pool here, whose threads a supervisor must not have to fork warm rank processes.
   for (const scenarios::Scenario& s : scenario_list) {
     if (scenarios::model_from_file(s.model)) {
+      harness::DeterminismGuard one_thread;
       harness::check_model_is_a_function(s, *harness::make_model(s, harness::ModelConfig{s.model}));
     }
   }
@@ -415,6 +410,9 @@ int run_command(const RunOptions& options, int argc, char** argv) {
       declare_steps(options.python_step, options.scenario_files);
   const auto variant_list = pick_run_variants(options.variant_patterns, declared);
   if (!options.fault.empty()) run_options.fault = harness::parse_fault(options.fault);
+  if (!options.judgement_path.empty() && (options.launcher != "env" || options.variant_patterns.empty())) {
+    throw scenarios::InvalidInput("--judgement is fuzz --nproc's: it needs --launcher env and a -v step");
+  }
   if (options.launcher == "threads" && options.processes_given) {
     throw scenarios::InvalidInput(
         "--nproc W starts W rank processes; it cannot go with --launcher threads (drop one)");
@@ -450,18 +448,7 @@ int run_command(const RunOptions& options, int argc, char** argv) {
     SupervisorOptions supervisor{.processes = options.processes,
                                  .timeout = run_options.timeout,
                                  .rank_arguments = rank_arguments(argc, argv)};
-    if (warm_ranks()) {
-      // Each rank is this process forked, with the interpreter, torch and the steps' modules
-      // it loaded above (docs/ranks.md, "Warm rank processes").
-      supervisor.warm = [](int rank_argc, char** rank_argv) {
-        harness::forget_declared_variants();  // the rank declares them from its own arguments
-        return run_command_line(rank_argc, rank_argv);
-      };
-      supervisor.before_fork = python::before_fork;
-      supervisor.after_fork_parent = python::after_fork_parent;
-      supervisor.after_fork_child = python::after_fork_child;
-      supervisor.named_threads = python::python_threads;
-    }
+    if (warm_ranks()) fork_ranks_warm(supervisor);
     return supervise(supervisor);
   }
 
@@ -484,6 +471,7 @@ int run_command(const RunOptions& options, int argc, char** argv) {
     if (options.backend == "nccl") check_nccl_usable(rendezvous);
     harness::DeterminismGuard guard;
     transport = harness::make_process_group_transport(rendezvous, run_options, options.backend);
+    note_rank_ready(rendezvous.rank);
     evaluate_options.transport = transport.get();
     const oracles::Evaluation evaluation = [&] {
       try {
@@ -504,6 +492,11 @@ int run_command(const RunOptions& options, int argc, char** argv) {
     transport->finish();
     if (rendezvous.rank != 0) {  // rank 0 reports for everyone
       write_rank_done(rendezvous.rank);
+      return kExitAsExpected;
+    }
+    if (!options.judgement_path.empty()) {
+      write_rank_judgement(evaluation, options.variant_patterns.front(), options.judgement_path);
+      write_rank_done(0);
       return kExitAsExpected;
     }
     harness::RunSettings settings = guard.settings();
@@ -575,6 +568,9 @@ class RunCommand : public Subcommand {
     app_->add_option("--inject-fault", options_.fault,
                     "make a rank fail on purpose: RANK:KIND[@STEP], KIND one of throw, exit, hang");
     add_python_step_options(*app_, options_.python_step, /*recipes=*/true);
+    app_->add_option("--judgement", options_.judgement_path,
+                     "(fuzz --nproc's rank processes) rank 0 writes the case's judgement to PATH")
+        ->group("");
     app_->add_option("--jobs,-j", options_.jobs,
                     "scenarios judged at once with ranks as threads (default: two per core); the "
                     "results are the same whatever the number")

@@ -129,12 +129,14 @@ struct CheckTally {
   bool found_counter_example = false;
   std::map<std::string, long> judged;  // by scenarios::kCheckNames
   std::map<std::string, long> failed;
-  void count(const Judgement& judgement) {
+  void count(const Judgement& judgement) { count(judgement.judged_checks(), judgement.disagreements()); }
+  // The same from a judgement made elsewhere (fuzz --nproc: rank 0 of the case's processes).
+  void count(const std::vector<std::string>& judged_checks, const std::vector<std::string>& disagreements) {
     if (found_counter_example) return;
     ++cases;
-    for (const std::string& check : judgement.judged_checks()) ++judged[check];
-    for (const std::string& check : judgement.disagreements()) ++failed[check];
-    found_counter_example = !judgement.disagreements().empty();
+    for (const std::string& check : judged_checks) ++judged[check];
+    for (const std::string& check : disagreements) ++failed[check];
+    found_counter_example = !disagreements.empty();
   }
 };
 

@@ -103,6 +103,10 @@ void hold_interpreter_until_exit();
 // os.environ becomes ENVIRONMENT ("KEY=VALUE" entries), the C environment with it. Each does
 // nothing where the interpreter never started.
 void before_fork();
+// fuzz --nproc: this process only plans runs for rank processes from now on, so a Python
+// step's cannot_run answers as in a rank, which has a torch.distributed process group (warm
+// ranks forget it). Nothing where the interpreter never started.
+void plan_for_rank_processes();
 // The names of the interpreter's Python threads but its main one (threading.enumerate()),
 // none where it never started: what a supervisor that cannot fork warm ranks names.
 [[nodiscard]] std::vector<std::string> python_threads();

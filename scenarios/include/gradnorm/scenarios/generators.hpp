@@ -90,8 +90,17 @@ inline rc::Gen<Scenario> single_device_scenarios(GeneratorOptions o = {}) {
   });
 }
 
+// The world sizes a multi-rank generator draws: {0, 0} is its own mix (draw_world_size);
+// otherwise every size from `min` to `max`, shrinking towards `min` (fuzz --nproc W or W1-W2,
+// where each rank is a process).
+struct WorldSizes {
+  int min = 0;
+  int max = 0;
+};
+
 // How many ranks: mostly a few, sometimes many, up to 64 (threads make these cheap).
-inline int draw_world_size() {
+inline int draw_world_size(WorldSizes sizes = {}) {
+  if (sizes.max > 0) return *anywhere_in(sizes.min, sizes.max + 1);
   const int band = *anywhere_in(0, 10);
   if (band < 7) return *anywhere_in(2, 9);
   if (band < 9) return *anywhere_in(9, 33);
@@ -110,11 +119,11 @@ inline int draw_count(int capacity, int min_count) {
 // Ragged ranks, the pull request's case: world size 2 to 64, accumulation 1 (where the skip
 // gate opens), every rank holding at least one token, extreme imbalance such as [1, 64],
 // float64 throughout (so per-token weights can be compared to 1e-7).
-inline rc::Gen<Scenario> ragged_rank_scenarios() {
-  return rc::gen::exec([] {
+inline rc::Gen<Scenario> ragged_rank_scenarios(WorldSizes sizes = {}) {
+  return rc::gen::exec([sizes] {
     Scenario s;
     s.name = "generated-ranks";
-    s.world_size = draw_world_size();
+    s.world_size = draw_world_size(sizes);
     s.accumulation_steps = 1;
     s.micro_batch_size = *anywhere_in(1, 5);
     s.sequence_length = *any_of({2, 5, 9, 17});  // 4 x 16 positions hold 64 labels
@@ -135,11 +144,11 @@ inline rc::Gen<Scenario> ragged_rank_scenarios() {
 // Any multi-rank step: world size 2 to 64, accumulation 1 to 3 with the ranks, empty
 // micro-batches and wholly empty ranks, extreme imbalance, every loss, mask, model, dtype,
 // optimizer and rank average, clipping active across ranks, 1 to 3 steps.
-inline rc::Gen<Scenario> multi_rank_scenarios() {
-  return rc::gen::exec([] {
+inline rc::Gen<Scenario> multi_rank_scenarios(WorldSizes sizes = {}) {
+  return rc::gen::exec([sizes] {
     Scenario s;
     s.name = "generated-multi-rank";
-    s.world_size = draw_world_size();
+    s.world_size = draw_world_size(sizes);
     s.accumulation_steps = *anywhere_in(1, 4);
     s.micro_batch_size = *anywhere_in(1, 5);
     s.sequence_length = *any_of({2, 5, 9, 17});
