@@ -577,6 +577,31 @@ def logged_values(logged, step):
     return out
 
 
+def framework_step(name, key, make_run, rank_zero=True):
+    """The step function of a framework's run: the run made at the scenario's first step (and
+    resumed at the next, under KEY), then what it stepped and logged at this one (rank 0's log
+    on every rank unless RANK_ZERO is false)."""
+    def step(ctx):
+        run = resumed(ctx, key, lambda: make_run(ctx))
+        return stepped_values(run, ctx, rank_zero=rank_zero)
+    step.__name__ = name
+    return step
+
+
+INSTALLS_REQUIREMENTS = "scripts/install-deps.sh installs requirements.txt's pins"
+
+
+def import_error(framework, target, error, where=INSTALLS_REQUIREMENTS, name=None):
+    """The ImportError for --recipe FRAMEWORK:TARGET when the framework (NAME, by default
+    FRAMEWORK) does not import: the first cause (a lazy import wraps what failed in a
+    RuntimeError) and WHERE to get it."""
+    while error.__cause__ is not None:
+        error = error.__cause__
+    error = "%s: %s" % (type(error).__name__, error)
+    return ImportError("--recipe %s:%s: %s does not import here (%s); %s"
+                       % (framework, target, name or framework, error, where))
+
+
 def stepped_values(run, ctx, rank_zero=True):
     """What a step returns for a run that counts its optimizer steps: the values logged at
     this step (counted from 1) and the norm clipping computed, rank 0's on every rank where the

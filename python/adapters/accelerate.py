@@ -234,13 +234,9 @@ class _AccelerateRun(_gf.GreenletRun):
         self._output.cleanup()
 
 
-def make_step(recipe):
-    def step(ctx):
-        run = _gf.resumed(ctx, "accelerate run", lambda: _AccelerateRun(recipe, ctx))
-        # Trackers log on the main process: rank 0's is judged on every rank.
-        return _gf.stepped_values(run, ctx)
-    step.__name__ = "accelerate_step"
-    return step
+def make_step(loop):
+    # Trackers log on the main process: rank 0's is judged on every rank.
+    return _gf.framework_step("accelerate_step", "accelerate run", lambda ctx: _AccelerateRun(loop, ctx))
 
 
 def load_accelerate(target, args, module_name, framework="accelerate"):
@@ -248,9 +244,7 @@ def load_accelerate(target, args, module_name, framework="accelerate"):
     try:
         import accelerate  # noqa: F401
     except ImportError as error:
-        raise ImportError("--recipe %s:%s: accelerate does not import here (%s: %s); "
-                          "scripts/install-deps.sh installs requirements.txt's pins"
-                          % (framework, target, type(error).__name__, error)) from None
+        raise _gf.import_error(framework, target, error, name="accelerate") from None
     loop = AccelerateLoop(target, args, module_name, framework)
     return loop.file, make_step(loop), loop.cannot_run, "scenario_loss", "%s (%s)" % (target, loop.what)
 

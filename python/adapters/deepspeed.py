@@ -353,9 +353,9 @@ def load_deepspeed(target, args, module_name, framework="deepspeed"):
     try:
         _import_deepspeed()
     except ImportError as error:
-        raise ImportError("--recipe %s:%s: deepspeed does not import here (%s: %s); "
-                          "scripts/install-deps.sh installs requirements-deepspeed.txt's pins"
-                          % (framework, target, type(error).__name__, error)) from None
+        raise _gf.import_error(framework, target, error,
+                               "scripts/install-deps.sh installs requirements-deepspeed.txt's pins",
+                               "deepspeed") from None
     loop = DeepSpeedLoop(target, args, module_name, framework)
     return loop.file, make_step(loop), loop.cannot_run, "scenario_loss", "%s (%s)" % (target, loop.what)
 

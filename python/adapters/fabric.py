@@ -91,9 +91,7 @@ def load_fabric(target, args, module_name, framework="fabric"):
     try:
         import lightning.fabric  # noqa: F401
     except ImportError as error:
-        raise ImportError("--recipe %s:%s: lightning does not import here (%s: %s); "
-                          "scripts/install-deps.sh installs requirements.txt's pins"
-                          % (framework, target, type(error).__name__, error)) from None
+        raise _gf.import_error(framework, target, error, name="lightning") from None
     loop = FabricLoop(target, args, module_name, framework)
     return (loop.file, _gl.make_step(loop, _FabricRun), loop.cannot_run, "scenario_loss",
             "%s (%s)" % (target, loop.what))

@@ -368,13 +368,8 @@ class _LightningRun(LightningFamilyRun):
 def make_step(recipe, run_class=None):
     """The step of a Lightning-family run: _LightningRun's, or a subclass's (Fabric's)."""
     run_class = run_class or _LightningRun
-
-    def step(ctx):
-        run = _gf.resumed(ctx, "lightning run", lambda: run_class(recipe, ctx))
-        # Loggers write rank 0's values (rank_zero_only): rank 0's is judged on every rank.
-        return _gf.stepped_values(run, ctx)
-    step.__name__ = "lightning_step"
-    return step
+    # Loggers write rank 0's values (rank_zero_only): rank 0's is judged on every rank.
+    return _gf.framework_step("lightning_step", "lightning run", lambda ctx: run_class(recipe, ctx))
 
 
 def load_lightning(target, args, module_name, framework="lightning"):
@@ -382,9 +377,7 @@ def load_lightning(target, args, module_name, framework="lightning"):
     try:
         import lightning.pytorch  # noqa: F401
     except ImportError as error:
-        raise ImportError("--recipe %s:%s: lightning does not import here (%s: %s); "
-                          "scripts/install-deps.sh installs requirements.txt's pins"
-                          % (framework, target, type(error).__name__, error)) from None
+        raise _gf.import_error(framework, target, error, name="lightning") from None
     recipe = LightningRecipe(target, args, module_name, framework)
     what = "%s (%s's Trainer)" % (target, recipe.what)
     return recipe.file, make_step(recipe), recipe.cannot_run, "scenario_loss", what

@@ -347,22 +347,9 @@ class _TrainerRun(_gf.GreenletRun):
 
 
 def make_step(recipe):
-    def step(ctx):
-        run = _gf.resumed(ctx, "trainer run", lambda: recipe.flavour.run_class(recipe, ctx))
-        # Trainer's global_step counts from 1; every rank logs the loss gathered over ranks.
-        return _gf.stepped_values(run, ctx, rank_zero=False)
-    step.__name__ = "trainer_step"
-    return step
-
-
-def import_error(framework, target, error, where):
-    """The ImportError for --recipe FRAMEWORK:TARGET when the framework does not import: the
-    first cause (a lazy import wraps what failed in a RuntimeError) and where to get it."""
-    while error.__cause__ is not None:
-        error = error.__cause__
-    error = "%s: %s" % (type(error).__name__, error)
-    return ImportError("--recipe %s:%s: %s does not import here (%s); %s"
-                       % (framework, target, framework, error, where))
+    # Trainer's global_step counts from 1; every rank logs the loss gathered over ranks.
+    return _gf.framework_step("trainer_step", "trainer run",
+                              lambda ctx: recipe.flavour.run_class(recipe, ctx), rank_zero=False)
 
 
 def load_trainer(target, args, module_name, framework="transformers"):
@@ -371,8 +358,7 @@ def load_trainer(target, args, module_name, framework="transformers"):
         import transformers
         transformers.Trainer  # noqa: B018 (imported lazily: Trainer's own imports run here)
     except (ImportError, RuntimeError) as error:
-        raise import_error(framework, target, error,
-                           "scripts/install-deps.sh installs requirements.txt's pins") from None
+        raise _gf.import_error(framework, target, error) from None
     return load_flavour(target, args, module_name, trainer_flavour(),
                         "transformers %s's Trainer" % transformers_version())
 

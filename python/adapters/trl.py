@@ -141,7 +141,7 @@ def load_sft(target, args, module_name, framework="trl"):
         import trl
         trl.SFTTrainer  # noqa: B018 (the same)
     except (ImportError, RuntimeError) as error:
-        raise _gtr.import_error(
+        raise _gf.import_error(
             framework, target, error,
             "scripts/install-deps.sh installs TRL in .venv/trl-1.16.0 (requirements-trl.txt; "
             "beside transformers 4.57.6, .venv/trl-1.16.0-transformers-4.57.6 before "

@@ -9,9 +9,11 @@ same_digests() {  # REFERENCE CANDIDATE WHAT
   echo "ok: $3: $(wc -l < "$1") rank digests equal the supervisor's"
 }
 
-# The reference: gradnorm's own supervisor, W ranks over a FileStore, into refW.tsv.
+# The reference: gradnorm's own supervisor, W ranks over a FileStore, into refW.tsv; its
+# ranks forked warm, whose digests are the exec'd ranks' (ctest WarmRankProcesses), at a
+# fraction of the start-up (docs/ranks.md).
 supervisor_digests() {  # WORLD
-  "$gradnorm" run --nproc "$1" -s 'dist/*' -q --digests "ref$1.tsv" > "ref$1.out"
+  GRADNORM_WARM_RANKS=1 "$gradnorm" run --nproc "$1" -s 'dist/*' -q --digests "ref$1.tsv" > "ref$1.out"
 }
 
 # `LAUNCHER... gradnorm run --launcher KIND` over dist/* into NAME.tsv and NAME.json: it must

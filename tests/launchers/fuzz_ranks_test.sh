@@ -44,6 +44,11 @@ fuzz range 0 --python-step "$steps/full_finetune.py" --nproc 1-3 --cases 6 --see
 expect "agrees where its reference does, on one device" range.out
 expect "agrees where its reference does, on any rank processes" range.out
 
+# FSDP2 on a model from a Python file (--model): its cases are a recipe's, on that model.
+fuzz fsdp2 0 --python-step "$steps/fsdp2.py" --model "python:$steps/tiny_transformer.py:tiny_transformer" \
+  --nproc 2 --cases 4 --seed 1
+expect "every property held" fsdp2.out
+
 # Negative control: the pull request's skip drops W/N, which ragged ranks show. The smallest
 # counter-example is printed as a scenario with the command that replays it, and replaying it
 # fails the same way.
@@ -90,5 +95,6 @@ bad "expected W or a range W1-W2" --python-step "$steps/full_finetune.py" --npro
 bad "ranks run from 1 to 64, the smaller first" --python-step "$steps/full_finetune.py" --nproc 3-2
 bad "ranks run from 1 to 64, the smaller first" --python-step "$steps/full_finetune.py" --nproc 0
 bad "give the step to fuzz on rank processes" --nproc 2
+bad "fuzz --model gives a --python-step its model" --recipe transformers:trainer --model "python:$steps/tiny_transformer.py:tiny_transformer" --nproc 2
 bad "fuzz --timeout bounds rank processes: it goes with --nproc" --python-step "$steps/full_finetune.py" --timeout 5
 echo "ok: bad input is exit 2"

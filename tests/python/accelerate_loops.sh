@@ -7,20 +7,8 @@
 # docs/findings.md ("Accelerate"). Skips (77) where accelerate cannot be imported.
 # Arguments: GRADNORM_BINARY SOURCE_DIR WORK_DIR
 set -uo pipefail
-gradnorm="$1"
-source_dir="$2"
-work="$3"
-python="${GRADNORM_PYTHON:?set it to the environment python, as ctest does}"
-if ! why=$("$python" -c 'import accelerate' 2>&1); then
-  echo "SKIP: accelerate does not import in $python: $(echo "$why" | tail -1)"
-  exit 77
-fi
-source "$(dirname "${BASH_SOURCE[0]}")/script_common.sh"
-unset PYTHONPATH
-mean=accelerate:$source_dir/examples/accelerate/mean_loss.py:train
-tokens=accelerate:$source_dir/examples/accelerate/token_loss.py:train
-tests=$source_dir/tests/python/accelerate/loops.py
-scenarios=$source_dir/tests/python/lightning/scenarios.toml
+framework=accelerate
+source "$(dirname "${BASH_SOURCE[0]}")/loop_common.sh"
 
 "$gradnorm" run --recipe "$mean" -s single/n5/float32 -s single/clip-active/float32 \
   -s single/accum2-ragged/float32 -s single/accum2-empty-first-mean_ce/float32 > mean.txt 2>&1
@@ -43,6 +31,9 @@ expect "tokens: exit 0" tokens.txt
 "$gradnorm" run --recipe "$mean" --nproc 2 -s dist/5-3/float32 > mean-dist.txt 2>&1
 row tiny_transformer/dist/5-3/float32 accelerate/mean_loss.train fail mean-dist.txt
 expect "every rank: step 0: gradients rel L2 error 0.244 > 1e-05" mean-dist.txt
+# The rank processes below are forked warm from the supervisor (docs/ranks.md, "Warm rank
+# processes"), as fuzz --nproc forks them; the run above exec'd its ranks, the default.
+export GRADNORM_WARM_RANKS=1
 "$gradnorm" run --recipe "$tokens" --nproc 2 -s dist/5-3/float32 -s dist/accum2-ragged/float32 \
   -s dist/5-3-clip-active/float32 -f "$scenarios" -s 'lightning/dist*' > tokens-dist.txt 2>&1
 echo "tokens-dist: exit $?" >> tokens-dist.txt

@@ -8,20 +8,8 @@
 # docs/findings.md ("DeepSpeed"). Skips (77) where deepspeed cannot be imported.
 # Arguments: GRADNORM_BINARY SOURCE_DIR WORK_DIR
 set -uo pipefail
-gradnorm="$1"
-source_dir="$2"
-work="$3"
-python="${GRADNORM_PYTHON:?set it to the environment python, as ctest does}"
-if ! why=$(DS_ACCELERATOR=cpu "$python" -c 'import deepspeed' 2>&1); then
-  echo "SKIP: deepspeed does not import in $python: $(echo "$why" | tail -1)"
-  exit 77
-fi
-source "$(dirname "${BASH_SOURCE[0]}")/script_common.sh"
-unset PYTHONPATH
-mean=deepspeed:$source_dir/examples/deepspeed/mean_loss.py:train
-tokens=deepspeed:$source_dir/examples/deepspeed/token_loss.py:train
-tests=$source_dir/tests/python/deepspeed/loops.py
-scenarios=$source_dir/tests/python/lightning/scenarios.toml
+framework=deepspeed
+source "$(dirname "${BASH_SOURCE[0]}")/loop_common.sh"
 t=tiny_transformer
 
 # The mean loop: a mean of micro-batch means, whatever the stage (ZeRO 0 and 2 on 2 ranks).
@@ -37,6 +25,9 @@ for stage in 0 2; do
   row $t/dist/4-4/float32 deepspeed/mean_loss.train fail $out
   expect "every rank: step 0: logged loss 2.43944097, oracle 2.41161241" $out
   expect "deepspeed/mean_loss.train is $source_dir/examples/deepspeed/mean_loss.py:train (deepspeed 0.19.8's engine, ZeRO $stage), unmodified" $out
+  # Rank processes from here on are forked warm from the supervisor (docs/ranks.md, "Warm
+  # rank processes"), as fuzz --nproc forks them; ZeRO 0's run exec'd its ranks, the default.
+  export GRADNORM_WARM_RANKS=1
 done
 "$gradnorm" run --recipe "$mean" --nproc 1 -s single/n5/float32 -s single/accum2-ragged/float32 \
   -s single/clip-active/float32 > mean-one.txt 2>&1

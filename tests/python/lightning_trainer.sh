@@ -89,6 +89,9 @@ row tiny_transformer/dist/5-3/float32 lightning/mean_loss.MeanLoss fail mean-dis
 expect "every rank: step 0: gradients rel L2 error 0.244 > 1e-05" mean-dist.txt
 row tiny_transformer/dist/4-4/float32 lightning/mean_loss.MeanLoss fail mean-dist.txt
 expect "every rank: step 0: logged loss 2.43944097, oracle 2.41161241" mean-dist.txt
+# The rank processes below are forked warm from the supervisor (docs/ranks.md, "Warm rank
+# processes"), as fuzz --nproc forks them; the run above exec'd its ranks, the default.
+export GRADNORM_WARM_RANKS=1
 "$gradnorm" run --recipe "$tokens" --nproc 2 -s dist/5-3/float32 -s dist/accum2-ragged/float32 \
   -s dist/5-3-clip-active/float32 -s first-valid/dist/5-3/float32 -f "$scenarios" -s 'lightning/dist*' \
   > tokens-dist.txt 2>&1

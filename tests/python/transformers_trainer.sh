@@ -53,6 +53,9 @@ expect "step 0: gradients rel L2 error 0.246 > 1e-05" v5-nk.txt
 echo "v5-dist: exit $?" >> v5-dist.txt
 row hf_tiny_llama/dist/5-3/float32 $trainer pass v5-dist.txt
 expect "v5-dist: exit 0" v5-dist.txt
+# The rank processes below are forked warm from the supervisor (docs/ranks.md, "Warm rank
+# processes"), as fuzz --nproc forks them; the run above exec'd its ranks, the default.
+export GRADNORM_WARM_RANKS=1
 "$gradnorm" run --recipe transformers:trainer --nproc 2 -s dist/5-3/float32 \
   --recipe-arg average_tokens_across_devices=False > v5-noavg.txt 2>&1
 row hf_tiny_llama/dist/5-3/float32 $trainer fail v5-noavg.txt

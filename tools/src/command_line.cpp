@@ -278,8 +278,6 @@ std::vector<std::string> declare_steps(const PythonStepOptions& cli_step,
   return names;
 }
 
-namespace {
-
 // The model a --recipe substitutes for built-in ones, as a scenario's model fields.
 scenarios::Scenario recipe_model_probe(const PythonStepOptions& step) {
   const std::string spec =
@@ -303,6 +301,9 @@ scenarios::Scenario recipe_model_probe(const PythonStepOptions& step) {
   }
   return probe;
 }
+
+namespace {
+
 
 std::string_view trimmed(std::string_view text) {
   const auto first = text.find_first_not_of(" \t");

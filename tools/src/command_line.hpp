@@ -89,6 +89,10 @@ void fork_ranks_warm(SupervisorOptions& supervisor);
 std::vector<std::string> declare_steps(const PythonStepOptions& cli_step,
                                        const std::vector<std::string>& files);
 
+// --recipe-model (or the framework's default) as a scenario's model fields: model python,
+// its file made absolute, its function. Throws InvalidInput unless python:FILE.py:FUNCTION.
+[[nodiscard]] scenarios::Scenario recipe_model_probe(const PythonStepOptions& step);
+
 // A recipe builds its model with a framework builder, so a scenario whose model is built in
 // (causal_lm) becomes the same scenario with the framework's model (--recipe-model), named
 // FUNCTION/NAME; float64 ones are left out (torchtune trains in fp32 or bf16, its decoder's

@@ -91,6 +91,11 @@ class FuzzCommand : public Subcommand {
                      "may run (default 60)")
         ->check(finite_number())
         ->check(CLI::Range(0.01, 86400.0));
+    app_->add_option("--model", model_,
+                     "python:FILE.py:FUNCTION: the model every generated case of a --python-step "
+                     "trains (a step that needs its model's forward in Python: FSDP2's "
+                     "fully_shard); the cases are then a recipe's (float32 or bfloat16, mean or "
+                     "chunked loss)");
     add_python_step_options(*app_, python_step_, /*recipes=*/true);
   }
 
@@ -132,6 +137,22 @@ class FuzzCommand : public Subcommand {
             "runs them in this process; fuzz it on rank processes with --nproc W)",
             python_step_.recipe, *why));
       }
+    }
+    if (!model_.empty()) {
+      if (python_step_.source.empty()) {
+        throw scenarios::InvalidInput(
+            "fuzz --model gives a --python-step its model (a --recipe takes --recipe-model)");
+      }
+      PythonStepOptions model_only;
+      model_only.recipe_model = model_;
+      const scenarios::Scenario probe = recipe_model_probe(model_only);
+      options_.recipe_model = [probe](scenarios::Scenario s) {
+        s.model = probe.model;
+        s.model_file = probe.model_file;
+        s.model_function = probe.model_function;
+        s.name = probe.model_function + "/" + s.name;
+        return s;
+      };
     }
     if (!on_processes) return fuzz_command(options_);
 
@@ -191,6 +212,7 @@ class FuzzCommand : public Subcommand {
   FuzzOptions options_;
   PythonStepOptions python_step_;
   std::string nproc_;
+  std::string model_;
   double timeout_seconds_ = 60;
 };
 
