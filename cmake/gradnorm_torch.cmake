@@ -50,9 +50,11 @@ message(STATUS "gradnorm: torch ${GRADNORM_TORCH_VERSION} from ${GRADNORM_PYTHON
 
 # The embedded interpreter is that environment's Python (a venv's base interpreter holds the
 # shared libpython; its site-packages are found at run time through the venv, see
-# python/src/python_step.cpp).
+# python/src/python_step.cpp). The Python package's extension module (python/gradnorm) needs
+# only the headers: an interpreter without a shared libpython (a static build) builds the
+# module and no executable.
 set(Python3_EXECUTABLE "${GRADNORM_PYTHON}")
-find_package(Python3 REQUIRED COMPONENTS Interpreter Development.Embed)
+find_package(Python3 REQUIRED COMPONENTS Interpreter Development.Module OPTIONAL_COMPONENTS Development.Embed)
 
 # libtorch_python holds the tensor <-> torch.Tensor caster; TorchConfig names no variable for
 # it, so it is found beside libtorch.
@@ -78,7 +80,14 @@ endif()
 if(NOT TARGET gradnorm_embed)
   # pybind11: the 3.x headers torch's wheel ships, the ones libtorch_python was built with, so
   # types cross between torch's bindings and gradnorm's (Debian's pybind11 2.10 would not).
+  # libpython only where an executable links it: an extension module (MODULE_LIBRARY) takes
+  # the symbols of the interpreter that loads it, and a second libpython beside a statically
+  # linked one (Debian's /usr/bin/python3.11) would be a second interpreter.
   add_library(gradnorm_embed INTERFACE IMPORTED GLOBAL)
-  target_link_libraries(gradnorm_embed INTERFACE gradnorm_torch Python3::Python
+  target_link_libraries(gradnorm_embed INTERFACE gradnorm_torch Python3::Module
                         "${GRADNORM_TORCH_PYTHON_LIBRARY}")
+  if(TARGET Python3::Python)
+    target_link_libraries(gradnorm_embed INTERFACE
+      "$<$<NOT:$<STREQUAL:$<TARGET_PROPERTY:TYPE>,MODULE_LIBRARY>>:Python3::Python>")
+  endif()
 endif()

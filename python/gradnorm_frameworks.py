@@ -591,6 +591,30 @@ def framework_step(name, key, make_run, rank_zero=True):
 INSTALLS_REQUIREMENTS = "scripts/install-deps.sh installs requirements.txt's pins"
 
 
+def release(distribution):
+    """"NAME VERSION" of an installed distribution (what a report's variants name as judged)."""
+    import importlib.metadata
+    return "%s %s" % (distribution, importlib.metadata.version(distribution))
+
+
+def origin(distribution):
+    """Where an installed distribution comes from when it is not an index's release: ", editable
+    from PATH" for an editable install of a checkout (a framework's pull request, pip install
+    -e .), ", installed from PATH" for a folder; "" otherwise (PEP 610's direct_url.json)."""
+    import importlib.metadata
+    import json
+    from urllib.parse import unquote, urlparse
+    try:
+        origin = json.loads(importlib.metadata.distribution(distribution).read_text("direct_url.json")
+                            or "null")
+    except (ValueError, importlib.metadata.PackageNotFoundError):
+        return ""
+    if not isinstance(origin, dict) or not isinstance(origin.get("dir_info"), dict):
+        return ""
+    path = unquote(urlparse(str(origin.get("url", ""))).path)
+    return ", %s from %s" % ("editable" if origin["dir_info"].get("editable") else "installed", path)
+
+
 def import_error(framework, target, error, where=INSTALLS_REQUIREMENTS, name=None):
     """The ImportError for --recipe FRAMEWORK:TARGET when the framework (NAME, by default
     FRAMEWORK) does not import: the first cause (a lazy import wraps what failed in a

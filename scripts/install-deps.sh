@@ -3,8 +3,12 @@
 # Debian 12's own packages, and the Python environment (.venv, or $GRADNORM_VENV) with the
 # packages requirements.txt pins, torch 2.13.0 among them, whose wheel is also the LibTorch
 # the C++ side builds against (docs/design.md §5).
+# --system-only: the Debian packages alone (what a pip install of gradnorm into an environment
+# of one's own needs; docs/install.md).
 set -euo pipefail
 cd "$(dirname "$0")/.."
+system_only=0
+if [ "${1:-}" = "--system-only" ]; then system_only=1; fi
 
 packages=(
   build-essential cmake ninja-build pkg-config
@@ -33,6 +37,8 @@ else
   "${sudo_cmd[@]}" apt-get update -qq
   DEBIAN_FRONTEND=noninteractive "${sudo_cmd[@]}" apt-get install -y -qq --no-install-recommends "${missing[@]}"
 fi
+
+if [ "$system_only" -eq 1 ]; then exit 0; fi
 
 # The environment is made from Debian's python3.11, never from whatever python3 is first on
 # PATH: the embedded interpreter needs the shared libpython that libpython3.11-dev provides.

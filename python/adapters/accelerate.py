@@ -80,15 +80,14 @@ class AccelerateLoop(_gf.UserLoop):
         self.plugins = {"dataloader_config": {}, "gradient_accumulation_plugin": {}}
         self.accumulate = None
         super().__init__(target, args, module_name, framework)
-        import importlib.metadata
         given = ["%s=%r" % item for item in self.accelerator_args.items()]
         for head, fields in self.plugins.items():
             given += ["%s.%s=%r" % (head, k, v) for k, v in fields.items()]
         if self.accumulate is not None:
             given.append("gradient_accumulation_steps=%r" % self.accumulate)
-        self.what = "accelerate %s's Accelerator%s" % (
-            importlib.metadata.version("accelerate"),
-            "(%s)" % ", ".join(given) if given else "")
+        self.what = "%s's Accelerator%s%s" % (
+            _gf.release("accelerate"), "(%s)" % ", ".join(given) if given else "",
+            _gf.origin("accelerate"))
 
     def take(self, key, text, arg):
         import dataclasses

@@ -45,8 +45,7 @@ class FabricLoop(_gf.UserLoop):
         super().__init__(target, args, module_name, framework)
         import lightning.fabric as package
         self.package = package
-        import importlib.metadata
-        self.what = "lightning %s's Fabric" % importlib.metadata.version("lightning")
+        self.what = "%s's Fabric%s" % (_gf.release("lightning"), _gf.origin("lightning"))
 
 
 class _FabricRun(_gl.LightningFamilyRun):

@@ -87,12 +87,6 @@ def _submodule(package, name):
     return importlib.import_module(package.__name__ + "." + name)
 
 
-def _version(name):
-    import importlib.metadata
-    return importlib.metadata.version("lightning" if name == "lightning.pytorch" else
-                                      "pytorch_lightning")
-
-
 def _parse_args(args, package, what):
     """--recipe-arg KEY=VALUE pairs as Trainer arguments, typed by Lightning's own parser;
     gradnorm's own keys (_OWN_KEYS) apart."""
@@ -144,7 +138,8 @@ class LightningRecipe:
                               "'%s' (of lightning.pytorch or pytorch_lightning)"
                               % (framework, target, path, name))
         self.cls, self.package = found, package
-        self.what = "%s %s" % (package_name.split(".")[0], _version(package_name))
+        distribution = "lightning" if package_name == "lightning.pytorch" else "pytorch_lightning"
+        self.what = "%s%s" % (_gf.release(distribution), _gf.origin(distribution))
         self.overrides, own = _parse_args(args, package, self.what)
         self.log_name = own.get("log_name", "loss")
         # gradient_clip_val as given (the harness made the scenario clip to it)

@@ -78,9 +78,8 @@ class LitgptScript:
         self.target = target
         self.source, self.model_module, self.lora = SCRIPTS[target]
         self.schedule_lines = _SCHEDULE_LINES[target]
-        import importlib.metadata
         import litgpt
-        self.what = "litgpt %s's %s" % (importlib.metadata.version("litgpt"), target)
+        self.what = "%s's %s%s" % (_gf.release("litgpt"), target, _gf.origin("litgpt"))
         self.file = os.path.join(os.path.dirname(os.path.abspath(litgpt.__file__)), self.source)
         self.args = []
         for arg in args:

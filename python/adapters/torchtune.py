@@ -541,7 +541,7 @@ def load_recipe(target, args, module_name, framework="torchtune"):
     recipe = _loaded[key]
     objective = "knowledge_distillation" if recipe.distils else "scenario_loss"
     return (recipe.file, make_step(recipe), recipe.cannot_run, objective,
-            "torchtune %s's %s" % (_torchtune_version(), name))
+            "%s's %s%s" % (_gf.release("torchtune"), name, _gf.origin("torchtune")))
 
 
 _gf.register("torchtune", load_recipe)

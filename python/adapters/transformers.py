@@ -36,7 +36,6 @@ checked to be distributed (accelerate's world size and distributed type) before 
 """
 
 import dataclasses
-import importlib.metadata
 import inspect
 import os
 import tempfile
@@ -74,10 +73,6 @@ _FIXED = {
     # (TRL's SFTConfig turns bf16 autocast on by default, trl/trainer/base_config.py).
     "bf16": False, "fp16": False,
 }
-
-
-def transformers_version():
-    return importlib.metadata.version("transformers")
 
 
 def _parse_args(args, config_class, owned, what):
@@ -137,7 +132,7 @@ class Flavour:
 def trainer_flavour():
     import transformers
     return Flavour("transformers", transformers.Trainer, "trainer", transformers.TrainingArguments,
-                   _OWNED, "transformers %s" % transformers_version(), _TrainerRun)
+                   _OWNED, _gf.release("transformers"), _TrainerRun)
 
 
 class TrainerRecipe:
@@ -360,7 +355,7 @@ def load_trainer(target, args, module_name, framework="transformers"):
     except (ImportError, RuntimeError) as error:
         raise _gf.import_error(framework, target, error) from None
     return load_flavour(target, args, module_name, trainer_flavour(),
-                        "transformers %s's Trainer" % transformers_version())
+                        "%s's Trainer%s" % (_gf.release("transformers"), _gf.origin("transformers")))
 
 
 def load_flavour(target, args, module_name, flavour, what):

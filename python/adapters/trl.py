@@ -5,7 +5,6 @@ preparation, collator and SFTConfig.
 """
 
 import dataclasses
-import importlib.metadata
 
 import torch
 
@@ -13,10 +12,6 @@ import gradnorm_frameworks as _gf
 import gradnorm_transformers as _gtr
 
 IGNORE_INDEX = _gf.IGNORE_INDEX
-
-
-def trl_version():
-    return importlib.metadata.version("trl")
 
 
 # SFTConfig fields the scenario decides beside Trainer's: each rank's samples are laid out
@@ -147,10 +142,11 @@ def load_sft(target, args, module_name, framework="trl"):
             "beside transformers 4.57.6, .venv/trl-1.16.0-transformers-4.57.6 before "
             ".venv/transformers-4.57.6): put it first on PYTHONPATH") from None
     flavour = _gtr.Flavour("trl", trl.SFTTrainer, "sft", trl.SFTConfig,
-                           dict(_gtr._OWNED, **_OWNED_TRL), "trl %s" % trl_version(), _SFTRun)
+                           dict(_gtr._OWNED, **_OWNED_TRL), _gf.release("trl"), _SFTRun)
     return _gtr.load_flavour(target, args, module_name, flavour,
-                             "trl %s's SFTTrainer (transformers %s)"
-                             % (trl_version(), _gtr.transformers_version()))
+                             "%s's SFTTrainer%s (%s%s)"
+                             % (_gf.release("trl"), _gf.origin("trl"), _gf.release("transformers"),
+                                _gf.origin("transformers")))
 
 
 _gf.register("trl", load_sft)

@@ -13,23 +13,36 @@
 #include "gradnorm/python/python_step.hpp"
 #include "gradnorm/scenarios/scenario.hpp"
 
-PYBIND11_EMBEDDED_MODULE(_gradnorm_native, m) { gradnorm::python::detail::define_native_module(m); }
-
 namespace gradnorm::python::detail {
 
 using scenarios::InvalidInput;
 
+namespace {
+std::atomic<bool> started{false};
+// Set by attach_to_running_interpreter: the process is a Python program (python -m gradnorm)
+// and its interpreter is the one to use; what describes it for --version.
+bool attached = false;
+std::string attached_description;
+
+// The examples' folder (default models of --recipe, bench --ranks): the source tree's, or
+// the one the Python package ships (set_examples_dir).
+std::string& examples_folder() {
+  static std::string folder = GRADNORM_EXAMPLES_DIR;
+  return folder;
+}
+}  // namespace
+
 const std::string& python_executable() {
   static const std::string path = [] {
+    if (attached) {
+      py::gil_scoped_acquire gil;
+      return py::module_::import("sys").attr("executable").cast<std::string>();
+    }
     const char* chosen = std::getenv("GRADNORM_PYTHON");
     return std::string(chosen != nullptr && *chosen != '\0' ? chosen : GRADNORM_DEFAULT_PYTHON);
   }();
   return path;
 }
-
-namespace {
-std::atomic<bool> started{false};
-}  // namespace
 
 bool Interpreter::started() { return detail::started.load(); }
 
@@ -50,6 +63,13 @@ Interpreter& Interpreter::get() {
 }
 
 Interpreter::Interpreter() {
+  if (attached) {
+    // python -m gradnorm: CPython runs already, with torch imported and its own environment
+    // variables set before that (python/gradnorm/__main__.py); this thread holds no GIL.
+    py::gil_scoped_acquire gil;
+    set_up();
+    return;
+  }
   // The environment's Python (docs/design.md §5): told that its executable is the venv's
   // bin/python, CPython reads the pyvenv.cfg beside it and takes that environment's
   // site-packages, where its torch is. No signal handlers: the harness and its supervisor
@@ -73,10 +93,20 @@ Interpreter::Interpreter() {
     throw std::runtime_error(fmt::format("the interpreter path {} cannot be used", executable));
   }
   py::initialize_interpreter(&config, 0, nullptr, /*add_program_dir_to_path=*/false);
+  set_up();
+  PyEval_SaveThread();
+}
+
+void Interpreter::set_up() {
   try {
     py::module_::import("torch");  // before any tensor is wrapped
-    py::module_::import("_gradnorm_native");  // registers RankHandle
     py::module_ sys = py::module_::import("sys");
+    // _gradnorm_native (RankHandle), made here rather than by an inittab entry: an extension
+    // module cannot add one to a running interpreter.
+    static PyModuleDef native_definition{};
+    py::module_ native = py::module_::create_extension_module("_gradnorm_native", nullptr, &native_definition);
+    define_native_module(native);
+    sys.attr("modules")["_gradnorm_native"] = native;
     py::object module = py::module_::import("types").attr("ModuleType")("gradnorm_torch");
     module.attr("__file__") = "gradnorm_torch.py";
     sys.attr("modules")["gradnorm_torch"] = module;
@@ -105,7 +135,6 @@ Interpreter::Interpreter() {
                                    "names another)",
                                    harness::first_line(error.what()), python_executable()));
   }
-  PyEval_SaveThread();
 }
 
 namespace {
@@ -174,7 +203,19 @@ std::pair<std::string, std::string> describe(py::error_already_set& error, const
 
 }  // namespace gradnorm::python::detail
 
+void gradnorm::python::attach_to_running_interpreter(std::string description) {
+  detail::attached = true;
+  detail::attached_description = std::move(description);
+}
+
+bool gradnorm::python::attached_to_running_interpreter() { return detail::attached; }
+
+void gradnorm::python::set_examples_dir(std::string folder) { detail::examples_folder() = std::move(folder); }
+
+const std::string& gradnorm::python::examples_dir() { return detail::examples_folder(); }
+
 std::string gradnorm::python::embedded_python_description() {
+  if (detail::attached) return detail::attached_description;
   return std::string("CPython ") + PY_VERSION + " embedded; its environment: " +
          detail::python_executable() +
          (std::getenv("GRADNORM_PYTHON") != nullptr ? " (from GRADNORM_PYTHON)" : " (the build's; GRADNORM_PYTHON overrides)");

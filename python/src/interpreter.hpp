@@ -30,7 +30,7 @@ struct TorchCallError : std::runtime_error {
 // configure time), or the one the GRADNORM_PYTHON variable names at run time.
 [[nodiscard]] const std::string& python_executable();
 
-// The interpreter: started once, never finalised (Python objects may outlive any order of
+// The interpreter: started once (or the running one, attach_to_running_interpreter), never finalised (Python objects may outlive any order of
 // static destruction), its GIL released between calls. Holds the gradnorm_torch module.
 class Interpreter {
  public:
@@ -47,6 +47,8 @@ class Interpreter {
 
  private:
   Interpreter();
+  // torch, _gradnorm_native and gradnorm_torch (its guards on); with the GIL held.
+  void set_up();
   PyObject* runtime_ = nullptr;
   PyObject* recipes_ = nullptr;
 };

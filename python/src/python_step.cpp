@@ -609,7 +609,9 @@ void hold_interpreter_until_exit() {
   // before any atexit handler: with the GIL released they abort the process ("PyThreadState_Get:
   // the function must be called with the GIL held"). Measured after fully_shard on a rank
   // process. Taken here and never given back, so those destructors find it held.
-  if (detail::Interpreter::started()) PyGILState_Ensure();
+  // Attached to a running interpreter (python -m gradnorm), its caller holds the thread's
+  // state and ends the process (python/gradnorm/__main__.py).
+  if (detail::Interpreter::started() && !attached_to_running_interpreter()) PyGILState_Ensure();
 }
 
 namespace {
@@ -790,24 +792,24 @@ namespace {
 // the clip, if the framework has one a --recipe-arg may set.
 struct FrameworkFacts {
   std::string_view prefix;  // "transformers:"
-  const char* default_model;
+  const char* default_model;  // "FILE:FUNCTION" under examples_dir()
   std::string_view clip_argument;
   // Whether a recipe named *lora* gets the model function's _lora twin (FUNCTION_lora).
   bool lora_twin = false;
 };
 
 constexpr FrameworkFacts kFrameworks[] = {
-    {"transformers:", "python:" GRADNORM_EXAMPLES_DIR "/transformers/tiny_llama.py:hf_tiny_llama",
+    {"transformers:", "transformers/tiny_llama.py:hf_tiny_llama",
      "max_grad_norm"},
-    {"trl:", "python:" GRADNORM_EXAMPLES_DIR "/transformers/tiny_llama.py:hf_tiny_llama",
+    {"trl:", "transformers/tiny_llama.py:hf_tiny_llama",
      "max_grad_norm"},
-    {"lightning:", "python:" GRADNORM_EXAMPLES_DIR "/python/tiny_transformer.py:tiny_transformer",
+    {"lightning:", "python/tiny_transformer.py:tiny_transformer",
      "gradient_clip_val"},
-    {"fabric:", "python:" GRADNORM_EXAMPLES_DIR "/python/tiny_transformer.py:tiny_transformer", ""},
-    {"accelerate:", "python:" GRADNORM_EXAMPLES_DIR "/python/tiny_transformer.py:tiny_transformer", ""},
-    {"deepspeed:", "python:" GRADNORM_EXAMPLES_DIR "/python/tiny_transformer.py:tiny_transformer",
+    {"fabric:", "python/tiny_transformer.py:tiny_transformer", ""},
+    {"accelerate:", "python/tiny_transformer.py:tiny_transformer", ""},
+    {"deepspeed:", "python/tiny_transformer.py:tiny_transformer",
      "gradient_clipping"},
-    {"litgpt:", "python:" GRADNORM_EXAMPLES_DIR "/litgpt/tiny_gpt.py:tiny_gpt", "", true},
+    {"litgpt:", "litgpt/tiny_gpt.py:tiny_gpt", "", true},
 };
 
 const FrameworkFacts* facts_of(std::string_view recipe) {
@@ -826,11 +828,11 @@ std::string_view recipe_clip_argument(std::string_view recipe) {
 
 std::string default_recipe_model(std::string_view recipe) {
   if (const FrameworkFacts* facts = facts_of(recipe)) {
-    std::string spec = facts->default_model;
+    std::string spec = "python:" + examples_dir() + "/" + facts->default_model;
     if (facts->lora_twin && recipe.find("lora") != std::string_view::npos) spec += "_lora";
     return spec;
   }
-  std::string spec = "python:" GRADNORM_EXAMPLES_DIR "/torchtune/tiny_llama.py:tiny_llama";
+  std::string spec = "python:" + examples_dir() + "/torchtune/tiny_llama.py:tiny_llama";
   // A LoRA recipe trains adapters, and so do torchtune's distilling recipes (their student
   // is a LoRA model): the default model is then the same decoder with LoRA on q and v.
   if (recipe.find("lora") != std::string_view::npos ||

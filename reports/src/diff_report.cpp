@@ -312,6 +312,17 @@ Diff diff_reports(const json& base, const json& head, const DiffOptions& options
     if (seen.count(key_of(r))) continue;
     diff.rows.push_back(DiffRow{r["scenario"], r["variant"], Change::removed, verdict_line(r), r, nullptr});
   }
+  if (head.contains("variants") && head["variants"].is_object()) {
+    for (const auto& [name, text] : head["variants"].items()) {
+      if (!text.is_string() || text.get<std::string>().find(", unmodified") == std::string::npos) continue;
+      std::string base_text;
+      if (base.contains("variants") && base["variants"].is_object() && base["variants"].contains(name) &&
+          base["variants"][name].is_string() && base["variants"][name] != text) {
+        base_text = base["variants"][name].get<std::string>();
+      }
+      diff.judged.push_back({name, text.get<std::string>(), base_text});
+    }
+  }
   if (head.contains("run") && head["run"].is_object() && head["run"].contains("reproduce_arguments") &&
       head["run"]["reproduce_arguments"].is_array()) {
     for (const json& a : head["run"]["reproduce_arguments"]) {
@@ -357,6 +368,11 @@ std::string render_diff_markdown(const Diff& diff) {
   counts.push_back(fmt::format("{} unchanged", diff.count(Change::unchanged)));
   std::string out = fmt::format("## {} — base {} rows, head {} rows: {}\n\n", headline, diff.base_rows,
                                 diff.head_rows, fmt::join(counts, ", "));
+  for (const Diff::Judged& judged : diff.judged) {
+    out += fmt::format("Judged: `{}`: {}{}\n", detail::markdown_cell(judged.variant), detail::markdown_cell(judged.head),
+                       judged.base.empty() ? "" : fmt::format(" (base: {})", detail::markdown_cell(judged.base)));
+  }
+  if (!diff.judged.empty()) out += "\n";
   // What must fit after the tables: the closing line.
   const std::string closing =
       "\nRows are matched by (scenario, variant); the JSON reports hold every figure.\n";

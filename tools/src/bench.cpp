@@ -50,9 +50,11 @@ Measurement measure(const std::string& launcher, int ranks, int repeat, int accu
   char path[] = "/tmp/gradnorm-bench-XXXXXX";
   const int fd = mkstemp(path);
   if (fd >= 0) close(fd);
-  const std::string program = std::filesystem::read_symlink("/proc/self/exe").string();
-  std::vector<std::string> args{program, "bench-one", launcher, std::to_string(ranks),
-                                std::to_string(repeat), path};
+  std::vector<std::string> args = self_command();
+  for (const std::string& word : {std::string("bench-one"), launcher, std::to_string(ranks),
+                                  std::to_string(repeat), std::string(path)}) {
+    args.push_back(word);
+  }
   if (accumulation > 0) {
     args.push_back(std::to_string(accumulation));
     args.push_back(std::to_string(length));

@@ -23,7 +23,37 @@
 
 namespace gradnorm::tools {
 
-int run_command_line(int argc, char** argv) {
+namespace {
+
+class FuzzElsewhereCommand : public Subcommand {
+ public:
+  explicit FuzzElsewhereCommand(CLI::App& app) : Subcommand(nullptr) {
+    app_ = app.add_subcommand("fuzz", "(in the gradnorm executable of a CMake build, not in this one)");
+    app_->allow_extras();
+    app_->prefix_command();
+  }
+  int run() override {
+    throw scenarios::InvalidInput(
+        "fuzz is not in the Python package's gradnorm: it is rapidcheck's, which Debian ships "
+        "as a static library a Python extension cannot link. Build the gradnorm executable "
+        "(scripts/build.sh) and run build/tools/gradnorm fuzz (docs/install.md)");
+  }
+};
+
+}  // namespace
+
+std::unique_ptr<Subcommand> add_fuzz_elsewhere_command(CLI::App& app) {
+  return std::make_unique<FuzzElsewhereCommand>(app);
+}
+
+namespace {
+CommandAdder g_add_fuzz = nullptr;  // what this process's command line was run with
+}  // namespace
+
+int run_commands_again(int argc, char** argv) { return run_commands(argc, argv, g_add_fuzz); }
+
+int run_commands(int argc, char** argv, CommandAdder add_fuzz) {
+  g_add_fuzz = add_fuzz;
   // The program ends when this returns (python::hold_interpreter_until_exit says why).
   struct HoldInterpreterAtReturn {
     ~HoldInterpreterAtReturn() { python::hold_interpreter_until_exit(); }
@@ -46,7 +76,7 @@ int run_command_line(int argc, char** argv) {
   commands.push_back(add_explain_command(app));
   commands.push_back(add_export_command(app));
   commands.push_back(add_stream_command(app));
-  commands.push_back(add_fuzz_command(app));
+  commands.push_back(add_fuzz != nullptr ? add_fuzz(app) : add_fuzz_elsewhere_command(app));
   for (std::unique_ptr<Subcommand>& bench : add_bench_commands(app)) commands.push_back(std::move(bench));
   commands.push_back(add_diff_command(app));
   commands.push_back(add_validate_report_command(app));

@@ -199,7 +199,7 @@ void add_python_step_options(CLI::App& command, PythonStepOptions& options, bool
 void fork_ranks_warm(SupervisorOptions& supervisor) {
   supervisor.warm = [](int rank_argc, char** rank_argv) {
     harness::forget_declared_variants();  // the rank declares them from its own arguments
-    return run_command_line(rank_argc, rank_argv);
+    return run_commands_again(rank_argc, rank_argv);
   };
   supervisor.before_fork = python::before_fork;
   supervisor.after_fork_parent = python::after_fork_parent;

@@ -117,6 +117,17 @@ std::vector<std::string> declare_steps(const PythonStepOptions& cli_step,
 [[nodiscard]] std::unique_ptr<Subcommand> add_export_command(CLI::App& app);
 [[nodiscard]] std::unique_ptr<Subcommand> add_stream_command(CLI::App& app);
 [[nodiscard]] std::unique_ptr<Subcommand> add_fuzz_command(CLI::App& app);
+// `fuzz` where it is not built in: says where it is (exit 2).
+[[nodiscard]] std::unique_ptr<Subcommand> add_fuzz_elsewhere_command(CLI::App& app);
+
+// The whole command line (cli.cpp), with the fuzz command ADD_FUZZ adds, or without it
+// (nullptr). fuzz is rapidcheck's, and Debian's librapidcheck.a is not position-independent
+// code, so the Python extension module (python_module.cpp), a shared object, cannot link
+// it; gradnorm::cli's run_command_line does (cli_with_fuzz.cpp).
+using CommandAdder = std::unique_ptr<Subcommand> (*)(CLI::App&);
+int run_commands(int argc, char** argv, CommandAdder add_fuzz);
+// A warm rank's command line: run_commands with what this process's was run with.
+int run_commands_again(int argc, char** argv);
 // bench, and bench-one (one measurement, hidden: bench runs it in a child process).
 [[nodiscard]] std::vector<std::unique_ptr<Subcommand>> add_bench_commands(CLI::App& app);
 [[nodiscard]] std::unique_ptr<Subcommand> add_diff_command(CLI::App& app);

@@ -113,6 +113,21 @@ void note_rank_ready(int rank) {
   }
 }
 
+namespace {
+std::vector<std::string>& self_command_words() {
+  static std::vector<std::string> words;
+  return words;
+}
+}  // namespace
+
+const std::vector<std::string>& self_command() {
+  std::vector<std::string>& words = self_command_words();
+  if (words.empty()) words.push_back(std::filesystem::read_symlink("/proc/self/exe").string());
+  return words;
+}
+
+void set_self_command(std::vector<std::string> words) { self_command_words() = std::move(words); }
+
 int supervise(const SupervisorOptions& options) {
   char pattern[] = "/tmp/gradnorm-ranks-XXXXXX";
   if (mkdtemp(pattern) == nullptr) {
@@ -120,8 +135,6 @@ int supervise(const SupervisorOptions& options) {
     return kExitRankFailed;
   }
   const std::filesystem::path folder = pattern;
-  const std::string program = std::filesystem::read_symlink("/proc/self/exe").string();
-
   // Everything a child needs is built before fork: after it, only exec-safe calls.
   std::vector<std::string> base_env;
   for (char** entry = environ; *entry != nullptr; ++entry) {
@@ -135,8 +148,11 @@ int supervise(const SupervisorOptions& options) {
     }
     base_env.push_back(text);
   }
-  std::vector<std::string> args{program};
+  std::vector<std::string> args = self_command();
   args.insert(args.end(), options.rank_arguments.begin(), options.rank_arguments.end());
+  // A warm rank runs the command line from the program's own name on ("gradnorm" after
+  // "python -m", or the executable itself).
+  const std::size_t program_words = self_command().size() - 1;
   std::vector<char*> argv;
   for (std::string& a : args) argv.push_back(a.data());
   argv.push_back(nullptr);
@@ -207,7 +223,7 @@ int supervise(const SupervisorOptions& options) {
         options.after_fork_child(env);  // the interpreter's os.environ too
         int code = 70;
         try {
-          code = options.warm(static_cast<int>(argv.size()) - 1, argv.data());
+          code = options.warm(static_cast<int>(argv.size() - 1 - program_words), argv.data() + program_words);
         } catch (...) {
         }
         std::fflush(nullptr);

@@ -34,6 +34,13 @@ struct SupervisorOptions {
   std::function<std::vector<std::string>()> named_threads = [] { return std::vector<std::string>{}; };
 };
 
+// The command that starts this program again (rank processes, bench children): the
+// executable (/proc/self/exe), or what set_self_command gave: [sys.executable, "-m",
+// "gradnorm"] under Python (python/gradnorm/__main__.py), where /proc/self/exe is the base
+// interpreter and would lose the virtual environment. Set before any thread starts.
+const std::vector<std::string>& self_command();
+void set_self_command(std::vector<std::string> words);
+
 // The names of the threads this process runs beside the calling one (/proc/self/task).
 std::vector<std::string> other_threads();
 

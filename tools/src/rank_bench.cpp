@@ -17,6 +17,9 @@
 #include <string>
 #include <vector>
 
+#include "gradnorm/python/python_step.hpp"
+#include "process_supervisor.hpp"
+
 namespace gradnorm::tools {
 namespace {
 
@@ -33,7 +36,6 @@ struct Outcome {
 
 // The command, as a child of this process (the same program), its output captured.
 Outcome run_child(const Command& command) {
-  const std::string program = std::filesystem::read_symlink("/proc/self/exe").string();
   char path[] = "/tmp/gradnorm-bench-XXXXXX";
   const int fd = mkstemp(path);
   Outcome outcome;
@@ -44,12 +46,12 @@ Outcome run_child(const Command& command) {
     dup2(fd, STDOUT_FILENO);
     dup2(fd, STDERR_FILENO);
     for (const auto& [key, value] : command.environment) setenv(key.c_str(), value.c_str(), 1);
-    std::vector<std::string> args{program};
+    std::vector<std::string> args = self_command();
     args.insert(args.end(), command.arguments.begin(), command.arguments.end());
     std::vector<char*> argv;
     for (std::string& a : args) argv.push_back(a.data());
     argv.push_back(nullptr);
-    execv(program.c_str(), argv.data());
+    execv(argv[0], argv.data());
     _exit(127);
   }
   int raw = 0;
@@ -106,7 +108,7 @@ std::optional<double> cases_per_second(const std::string& output) {
 }  // namespace
 
 int rank_bench_command(int repeat) {
-  const std::string examples = GRADNORM_EXAMPLES_DIR;
+  const std::string& examples = python::examples_dir();
   const std::string step = examples + "/python/full_finetune.py";
   const std::map<std::string, std::string> warm{{"GRADNORM_WARM_RANKS", "1"}};
   fmt::print("gradnorm bench --ranks: whole commands, median of {} alternating runs each (a\n"

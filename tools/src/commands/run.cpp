@@ -62,6 +62,7 @@ struct RunOptions {
   std::vector<ReportPath> given_reports;  // every report option, as given
   bool quiet = false;
   bool ignore_findings = false;
+  bool plan = false;
   std::string launcher = "threads";
   int processes = 0;
   bool processes_given = false;  // --nproc was on the command line
@@ -390,6 +391,24 @@ bool run_has_recipe(const RunOptions& options) {
   return false;
 }
 
+// --plan: the rows the run would judge and the pairs it would leave out, as JSON on standard
+// output, nothing run (the pytest plugin's items: python/gradnorm/pytest_plugin.py).
+void print_plan(const std::vector<scenarios::Scenario>& scenario_list,
+                const std::vector<harness::VariantSpec>& variant_list) {
+  nlohmann::json rows = nlohmann::json::array();
+  nlohmann::json left_out = nlohmann::json::array();
+  for (const scenarios::Scenario& s : scenario_list) {
+    for (const harness::VariantSpec& v : variant_list) {
+      if (const auto why = harness::not_applicable(v, s)) {
+        left_out.push_back({{"scenario", s.name}, {"variant", v.name}, {"why", *why}});
+      } else {
+        rows.push_back({{"scenario", s.name}, {"variant", v.name}});
+      }
+    }
+  }
+  fmt::print("{}\n", nlohmann::json{{"rows", rows}, {"left_out", left_out}}.dump());
+}
+
 int run_command(const RunOptions& options, int argc, char** argv) {
   const bool recipes = run_has_recipe(options);
   auto scenario_list = with_recipe_model(
@@ -409,6 +428,12 @@ int run_command(const RunOptions& options, int argc, char** argv) {
   const std::vector<std::string> declared =
       declare_steps(options.python_step, options.scenario_files);
   const auto variant_list = pick_run_variants(options.variant_patterns, declared);
+  if (options.plan) {
+    print_plan(options.launcher == "processes" ? with_world_size(scenario_list, options.processes)
+                                               : scenario_list,
+               variant_list);
+    return kExitAsExpected;
+  }
   if (!options.fault.empty()) run_options.fault = harness::parse_fault(options.fault);
   if (!options.judgement_path.empty() && (options.launcher != "env" || options.variant_patterns.empty())) {
     throw scenarios::InvalidInput("--judgement is fuzz --nproc's: it needs --launcher env and a -v step");
@@ -582,6 +607,10 @@ class RunCommand : public Subcommand {
     app_->add_flag("--ignore-findings", options_.ignore_findings,
                   "treat documented findings as failures: every reference and candidate must "
                   "agree with the oracle");
+
+    app_->add_flag("--plan", options_.plan,
+                   "print the rows this run would judge and the pairs it would leave out, as JSON, "
+                   "and run nothing (the pytest plugin's items)");
 
     // --nproc W alone means ranks as W Gloo processes: one flag from threads to processes.
     app_->callback([this] {

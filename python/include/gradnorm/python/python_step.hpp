@@ -113,6 +113,18 @@ void plan_for_rank_processes();
 void after_fork_parent();
 void after_fork_child(const std::vector<std::string>& environment);
 
+// Inside a Python process (the gradnorm package's extension module, `python -m gradnorm`):
+// the harness uses the running interpreter, which already imported torch, instead of
+// starting one, and never takes its GIL for good (hold_interpreter_until_exit). DESCRIPTION
+// is what --version says of it. Call before anything uses Python.
+void attach_to_running_interpreter(std::string description);
+[[nodiscard]] bool attached_to_running_interpreter();
+
+// The folder of the example models that --recipe runs use by default and bench --ranks
+// times: the source tree's examples/ for a CMake build, the package's copy once installed.
+void set_examples_dir(std::string folder);
+[[nodiscard]] const std::string& examples_dir();
+
 // The embedded Python, for `gradnorm --version`: the CPython version built in and the
 // environment whose site-packages it takes (GRADNORM_PYTHON, or the one the build used),
 // without starting the interpreter.

@@ -55,6 +55,15 @@ struct Diff {
   // How to run one row of head again: gradnorm's arguments besides -s and -v (scenario
   // files, a Python step), as head's report recorded them.
   std::vector<std::string> reproduce_arguments;
+  // Real framework code the head judged (variants whose line says "unmodified"): the
+  // framework, its version and where it was installed from, and the base's line where it
+  // differs ("transformers 5.19.0.dev0's Trainer, editable from PATH, unmodified (...)").
+  struct Judged {
+    std::string variant;
+    std::string head;
+    std::string base;  // empty: the same as the head's, or not in the base
+  };
+  std::vector<Judged> judged;
   [[nodiscard]] int count(Change change) const;
   // The base had rows and the head has none: every row was removed (a run that judged
   // nothing), which fails the diff as a regression does.
