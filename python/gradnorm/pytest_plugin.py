@@ -161,6 +161,11 @@ class GradnormCollectError(Exception):
 class GradnormNode:
     """What collects items: iter_children() gives its items, however deep."""
 
+    def repr_failure(self, excinfo):
+        if isinstance(excinfo.value, GradnormCollectError):
+            return str(excinfo.value)  # gradnorm's own message, not the plugin's traceback
+        return super().repr_failure(excinfo)
+
     def iter_children(self):
         for child in getattr(self, "_children", []):
             yield from (child.iter_children() if isinstance(child, GradnormNode) else [child])
@@ -183,6 +188,11 @@ class GradnormTable(GradnormNode, pytest.Collector):
         self.arguments = arguments
 
     def collect(self):
+        unknown = sorted(set(self.arguments) - _ARGUMENTS)
+        if unknown:
+            raise GradnormCollectError(
+                f"{self.path}: [[tool.gradnorm.run]] {self.name} has unknown keys "
+                f"{', '.join(unknown)} (known: {', '.join(sorted(_ARGUMENTS))})")
         run = GradnormRun(self, self.arguments, str(self.path.parent))
         self._children = list(run.items(self))
         return self._children
@@ -197,11 +207,6 @@ class GradnormConfig(GradnormNode, pytest.File):
             tables = [tables]
         self._children = []
         for index, table in enumerate(tables):
-            unknown = sorted(set(table) - _ARGUMENTS)
-            if unknown:
-                raise GradnormCollectError(
-                    f"{self.path}: [[tool.gradnorm.run]] number {index + 1} has unknown keys "
-                    f"{', '.join(unknown)} (known: {', '.join(sorted(_ARGUMENTS))})")
             name = table.get("name") or os.path.basename(str(table.get("step") or table.get("recipe")
                                                              or f"run{index + 1}"))
             self._children.append(GradnormTable.from_parent(

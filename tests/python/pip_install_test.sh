@@ -37,16 +37,17 @@ env/bin/gradnorm run -q -s single/n3/float32 -s dist/5-3/float32 > run.out 2>&1;
 
 # The example suite: exits 1, with the failing row's reasons and reproduce command.
 cp -r "$source_dir/examples/pytest" suite && cp -r "$source_dir/examples/python" python
-"$py" -m pytest suite -p no:randomly -rA > pytest.out 2>&1; rc=$?
+"$py" -m pytest suite -rA --junitxml=junit.xml --gradnorm-timeout 300 > pytest.out 2>&1; rc=$?
 [ "$rc" -eq 1 ] || { echo "FAIL: pytest on the example suite exited $rc, not 1"; failed=1; }
 expect "PASSED suite/pyproject.toml::full_finetune::single/accum2-ragged/float32[py/full_finetune]" pytest.out
 expect "PASSED suite/pyproject.toml::full_finetune::dist/5-3/float32[py/full_finetune]" pytest.out
 expect "PASSED suite/pyproject.toml::mean_of_means::single/n3/float32[py/mean_of_means]" pytest.out
 expect "FAILED suite/pyproject.toml::mean_of_means::single/accum2-ragged/float32[py/mean_of_means]" pytest.out
 expect "PASSED suite/ragged.gradnorm.toml::mine/accum3-ragged/float32[py/full_finetune]" pytest.out
+expect "PASSED suite/test_api.py::test_mean_of_means_is_caught_on_a_ragged_window" pytest.out
 expect "single/accum2-ragged/float32 x py/mean_of_means: fail, expected agree" pytest.out
 expect "reproduce: gradnorm run --python-step steps/mean_of_means.py -s single/accum2-ragged/float32 -v py/mean_of_means" pytest.out
-expect "4 passed" pytest.out
+expect "5 passed" pytest.out
 expect "1 failed" pytest.out
 # The reproduce command fails the same way, run where the suite's configuration runs it.
 reproduce=$(grep -o "reproduce: gradnorm run --python-step steps/mean_of_means.py.*" pytest.out | head -1 | sed 's/^reproduce: //')
@@ -55,25 +56,47 @@ reproduce=$(grep -o "reproduce: gradnorm run --python-step steps/mean_of_means.p
 # -k selects by scenario or variant; only the selected rows run.
 "$py" -m pytest suite -k full_finetune -q > k.out 2>&1; rc=$?
 [ "$rc" -eq 0 ] || { echo "FAIL: -k full_finetune exited $rc"; cat k.out; failed=1; }
-expect "3 passed, 2 deselected" k.out
-# -x stops at the first failure.
-"$py" -m pytest suite -x -q -k mean_of_means > x.out 2>&1
+expect "3 passed, 3 deselected" k.out
+# -x stops at the first failure; --gradnorm-report-dir keeps the run's report (both rows of
+# the table: its items run together).
+"$py" -m pytest suite -x -q -k mean_of_means --gradnorm-report-dir reports > x.out 2>&1
 expect "stopping after 1 failures" x.out
-# --junitxml: a testcase per row, the failure with the oracle's reason, the reproduce property.
-"$py" -m pytest suite -q --junitxml=junit.xml > /dev/null 2>&1
+"$py" - reports <<'PY' || failed=1
+import gradnorm, os, sys
+files = os.listdir(sys.argv[1])
+assert len(files) == 1 and "mean_of_means" in files[0], files
+report = gradnorm.Report.load(os.path.join(sys.argv[1], files[0]))
+assert sorted(r.scenario for r in report.rows) == ["single/accum2-ragged/float32", "single/n3/float32"], report.rows
+print("ok: --gradnorm-report-dir kept", files[0])
+PY
+# --junitxml (the first run's): a testcase per row, the failure with the oracle's reason, the
+# reproduce property.
 "$py" - junit.xml <<'PY' || failed=1
 import sys
 import xml.etree.ElementTree as ET
 root = ET.parse(sys.argv[1]).getroot()
 cases = root.findall(".//testcase")
 failures = [c for c in cases if c.find("failure") is not None]
-assert len(cases) == 5, [c.get("name") for c in cases]
+assert len(cases) == 6, [c.get("name") for c in cases]
 assert [c.get("name") for c in failures] == ["single/accum2-ragged/float32[py/mean_of_means]"], failures
 properties = {p.get("name"): p.get("value") for p in failures[0].iter("property")}
 assert properties["reproduce"].startswith("gradnorm run --python-step steps/mean_of_means.py"), properties
 assert "fail, expected agree" in failures[0].find("failure").text
 print("ok: junit", len(cases), "testcases, 1 failure with its reproduce property")
 PY
+# A table gradnorm refuses, and one with a key it does not know: collection errors that say why.
+mkdir -p bad && cat > bad/pyproject.toml <<'TOML'
+[tool.pytest.ini_options]
+[[tool.gradnorm.run]]
+step = "missing.py"
+[[tool.gradnorm.run]]
+stepp = "typo.py"
+TOML
+"$py" -m pytest bad -q > bad.out 2>&1; rc=$?
+[ "$rc" -eq 2 ] || { echo "FAIL: pytest on bad tables exited $rc, not 2"; cat bad.out; failed=1; }
+expect "gradnorm could not plan pyproject.toml::missing.py (exit 2):" bad.out
+expect "Python step 'missing.py' does not exist" bad.out
+expect "has unknown keys stepp" bad.out
 # gradnorm from Python: a report object whose assertion carries the oracle's reasons.
 (cd suite && "$py" - <<'PY') > api.out 2>&1 || { echo "FAIL: the Python API:"; cat api.out; failed=1; }
 import gradnorm
