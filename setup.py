@@ -13,7 +13,9 @@ Which CMake build it takes, in this order:
 - build/, the folder scripts/build.sh makes, when it was configured for such an environment:
   its module is brought up to date (scripts/build.sh installs .venv's gradnorm this way).
 - otherwise a build of its own in build/pip-<python ABI>-torch<version>, kept for the next
-  install from this checkout (the first takes minutes: all of gradnorm's C++).
+  install from this checkout (the first takes minutes: all of gradnorm's C++). Its flags are
+  the ones CI tests (RelWithDebInfo: -O2; GCC 12's -O3 raises a false -Wrestrict in libstdc++),
+  and the installed module is stripped of its line tables.
 """
 
 import json
@@ -76,7 +78,7 @@ class CMakeBuild(build_ext):
         if configure:
             self.announce(f"gradnorm: configuring {folder} (all of gradnorm's C++: minutes)", level=2)
             subprocess.check_call(["cmake", "-G", "Ninja", "-S", ROOT, "-B", folder,
-                                   "-DCMAKE_BUILD_TYPE=Release", f"-DGRADNORM_PYTHON={sys.executable}",
+                                   "-DCMAKE_BUILD_TYPE=RelWithDebInfo", f"-DGRADNORM_PYTHON={sys.executable}",
                                    "-DGRADNORM_BUILD_TESTS=OFF", "-DGRADNORM_WITH_MIMALLOC=OFF"])
         jobs = str(os.cpu_count() or 1)
         subprocess.check_call(["cmake", "--build", folder, "--target", "gradnorm_native",
@@ -119,7 +121,9 @@ class CMakeBuild(build_ext):
 
 setup(
     version=project_version(),
-    install_requires=[torch_requirement(environment()["torch"]), "pytest>=7"],
+    # torch as built against; NumPy, or torch warns at import in every run's output; pytest,
+    # which the plugin plugs into.
+    install_requires=[torch_requirement(environment()["torch"]), "numpy", "pytest>=7"],
     ext_modules=[Extension("gradnorm._native", sources=[])],
     cmdclass={"build_ext": CMakeBuild},
     options={"build": {"build_base": os.path.join("build", "setuptools")}},

@@ -36,6 +36,11 @@ for world in 2 4; do
     "srun -n $world" timeout 600 srun -n "$world" --kill-on-bad-exit=1
   [ "$(grep -c 'rows:' "slurm$world.out")" -eq 1 ] || fail "srun -n $world: not exactly one summary line: $(cat "slurm$world.out")"
 done
+# The Python package's gradnorm (the console script scripts/build.sh installs into .venv: the
+# harness in that interpreter) under srun: the same digests.
+package_gradnorm="$(dirname "${GRADNORM_PYTHON:?set by ctest}")/gradnorm"
+gradnorm="$package_gradnorm" launched_digests package2 2 slurm "gloo processes x 2 under slurm" \
+  "srun -n 2, the Python package's gradnorm" timeout 600 srun -n 2 --kill-on-bad-exit=1
 # Detection: --launcher env without RANK reads Slurm's variables too.
 launched_digests detected 2 env "" "srun -n 2, --launcher env detecting Slurm" timeout 600 srun -n 2
 
