@@ -4,7 +4,9 @@
 # `pip install --no-build-isolation .` (from this build: GRADNORM_BUILD_DIR, the same CMake
 # build, so CI compiles the C++ once), then gradnorm run and the example pytest suite
 # (examples/pytest): the passing rows pass, mean_of_means fails with the oracle's reason and
-# its reproduce command, -k, -x and --junitxml behave as pytest's own.
+# its reproduce command, -k, -x and --junitxml behave as pytest's own; the plugin's options,
+# a left-out pair (skipped), a rank that dies and tables gradnorm refuses; a build for another
+# torch refused by pip install; and the Python API.
 # Arguments: SOURCE_DIR BUILD_DIR WORK_DIR.
 set -uo pipefail
 source_dir="$1"
@@ -26,6 +28,14 @@ echo "fresh environment: $("$py" -c 'import sys, torch; print(sys.version.split(
 (cd "$source_dir" && GRADNORM_BUILD_DIR="$build_dir" "$py" -m pip install --quiet --disable-pip-version-check \
   --no-build-isolation .) > install.out 2>&1 || { echo "FAIL: pip install:"; cat install.out; exit 1; }
 "$py" -m pip check > check.out 2>&1 || { echo "FAIL: pip check:"; cat check.out; failed=1; }
+# A build made for another torch is refused, naming both, never rebuilt in its place.
+mkdir -p other-build/python-package
+sed 's/"torch": "[^"]*"/"torch": "2.9.0"/' "$build_dir/python-package/gradnorm-build.json" \
+  > other-build/python-package/gradnorm-build.json
+(cd "$source_dir" && GRADNORM_BUILD_DIR="$work/other-build" "$py" -m pip install --quiet \
+  --disable-pip-version-check --no-build-isolation --no-deps .) > other-build.out 2>&1; rc=$?
+[ "$rc" -ne 0 ] || { echo "FAIL: pip install from a build for torch 2.9.0 succeeded"; failed=1; }
+expect "was built for another environment: torch: 2.9.0 (the build) vs 2.13.0+cpu (here)" other-build.out
 
 # The console script and python -m gradnorm run in this interpreter.
 env/bin/gradnorm --version > version.out
@@ -82,6 +92,10 @@ assert properties["reproduce"].startswith("gradnorm run --python-step steps/mean
 assert "fail, expected agree" in failures[0].find("failure").text
 print("ok: junit", len(cases), "testcases, 1 failure with its reproduce property")
 PY
+# --gradnorm-arg reaches every run, its plan included: -v baseline adds the built-in step's rows.
+"$py" -m pytest suite --collect-only -q -k "not test_api" --gradnorm-arg=-v --gradnorm-arg=baseline > arg.out 2>&1
+expect "pyproject.toml::full_finetune::dist/5-3/float32[baseline]" arg.out
+expect "pyproject.toml::mean_of_means::single/n3/float32[baseline]" arg.out
 # A table gradnorm refuses, and one with a key it does not know: collection errors that say why.
 mkdir -p bad && cat > bad/pyproject.toml <<'TOML'
 [tool.pytest.ini_options]
@@ -95,6 +109,27 @@ TOML
 expect "gradnorm could not plan pyproject.toml::missing.py (exit 2):" bad.out
 expect "Python step 'missing.py' does not exist" bad.out
 expect "has unknown keys stepp" bad.out
+# A pair the step leaves out is a skipped item with its reason; a run whose rank dies fails its
+# items with gradnorm's own account (exit 3, the rank named).
+mkdir -p odd && cat > odd/pyproject.toml <<'TOML'
+[tool.pytest.ini_options]
+[[tool.gradnorm.run]]
+name = "refused"
+step = "../python/full_finetune.py"
+scenarios = ["single/in-bwd-accum2-refused/float32"]
+[[tool.gradnorm.run]]
+name = "dies"
+step = "../python/full_finetune.py"
+scenarios = ["dist/5-3/float32"]
+nproc = 2
+args = ["--inject-fault", "1:exit"]
+TOML
+"$py" -m pytest odd -rs > odd.out 2>&1; rc=$?
+[ "$rc" -eq 1 ] || { echo "FAIL: pytest on odd tables exited $rc, not 1"; cat odd.out; failed=1; }
+expect "1 failed, 1 skipped" odd.out
+expect "gradnorm leaves this pair out: transcribes the recipes' usual path; optimizer in backward is not transcribed" odd.out
+expect "gradnorm did not judge: gradnorm run exited 3 (a rank failed)" odd.out
+expect "rank 1" odd.out
 # gradnorm from Python: a report object whose assertion carries the oracle's reasons.
 (cd suite && "$py" - <<'PY') > api.out 2>&1 || { echo "FAIL: the Python API:"; cat api.out; failed=1; }
 import gradnorm
