@@ -18,6 +18,8 @@
 # --recipe FRAMEWORK:FILE.py:NAME or -f FILE of the checkout is read from that side); e.g.
 # -- --recipe transformers:trainer -s 'single/*'. Environment (optional):
 #   PYTHON   the Python of the environment gradnorm is installed in (default: python3)
+#   BASE_PYTHON, HEAD_PYTHON   a side's own environment instead (default: PYTHON), where the
+#            sides must not share one
 #   GRADNORM_PIP_ARGS   more pip install arguments for the editable installs (default:
 #                       --no-deps --no-build-isolation: the environment already holds the
 #                       framework's dependencies)
@@ -32,17 +34,20 @@ out=gradnorm-pr
 if [ $# -gt 0 ] && [ "$1" != "--" ]; then out=$1; shift; fi
 if [ $# -gt 0 ] && [ "$1" = "--" ]; then shift; fi
 run_arguments=("$@")
-python=${PYTHON:-python3}
+base_python=${BASE_PYTHON:-${PYTHON:-python3}}
+head_python=${HEAD_PYTHON:-${PYTHON:-python3}}
 read -r -a pip_arguments <<< "${GRADNORM_PIP_ARGS:---no-deps --no-build-isolation}"
-if ! "$python" -c "import gradnorm" 2> /dev/null; then
-  echo "framework-pr-check: $python has no gradnorm (pip install --no-build-isolation PATH_TO_GRADNORM)" >&2
-  exit 2
-fi
+for python in "$base_python" "$head_python"; do
+  if ! "$python" -c "import gradnorm" 2> /dev/null; then
+    echo "framework-pr-check: $python has no gradnorm (pip install --no-build-isolation PATH_TO_GRADNORM)" >&2
+    exit 2
+  fi
+done
 mkdir -p "$out"
 out=$(cd "$out" && pwd)
 
-side() {  # side NAME DIR: installs DIR editable, runs gradnorm in it
-  local name=$1 tree=$2 status=0
+side() {  # side NAME DIR PYTHON: installs DIR editable there, runs gradnorm in it
+  local name=$1 tree=$2 python=$3 status=0
   if ! "$python" -m pip install --quiet --disable-pip-version-check "${pip_arguments[@]}" -e "$tree" \
        > "$out/$name.install.log" 2>&1; then
     echo "framework-pr-check: installing $name ($tree) failed; see $out/$name.install.log" >&2
@@ -59,10 +64,10 @@ side() {  # side NAME DIR: installs DIR editable, runs gradnorm in it
   echo "framework-pr-check: $name ($tree): $(tail -1 "$out/$name.log")"
 }
 
-side base "$base_dir" || exit 3
-side head "$head_dir" || exit 3
+side base "$base_dir" "$base_python" || exit 3
+side head "$head_dir" "$head_python" || exit 3
 status=0
-"$python" -m gradnorm diff "$out/base.json" "$out/head.json" --markdown "$out/comment.md" \
+"$head_python" -m gradnorm diff "$out/base.json" "$out/head.json" --markdown "$out/comment.md" \
   --junit "$out/diff.junit.xml" --html "$out/report.html" || status=$?
 echo "framework-pr-check: reports in $out"
 exit "$status"

@@ -240,7 +240,8 @@ class GradnormItem(pytest.Item):
             row = self.run.report.row(self.scenario, self.variant)
         except KeyError:
             raise gradnorm.GradnormError(
-                f"the run judged no row {self.scenario} x {self.variant} (its plan had one)")
+                f"the run judged no row {self.scenario} x {self.variant} (its plan had one)"
+            ) from None
         self.user_properties.append(("reproduce", row.reproduce))
         self.user_properties.append(("verdict", row.verdict))
         if not row.met:

@@ -3,7 +3,7 @@
 # gradnorm: a git repository of the installed transformers' sources (base, as version
 # 5.19.0.dev0), a head commit that breaks its normalisation as a contributor could (Trainer
 # counts every label position, padding included, as the batch's items: trainer.py's
-# _get_num_items_in_batch), each side installed editable into a fresh environment, and
+# _get_num_items_in_batch), each side installed editable into a fresh environment of its own, and
 # scripts/framework-pr-check.sh's comment: the base passes, the head's regression names the rows,
 # the editable checkout it judged and a reproduce command that fails again there.
 # Arguments: SOURCE_DIR WORK_DIR. The fresh environment takes torch, transformers' dependencies
@@ -47,14 +47,17 @@ open(path, "w").write(text.replace(old, new))
 PY
 git -C head -c user.name=head -c user.email=head@example.com commit -qam "Count items without a device sync" || exit 1
 
-# A fresh environment of the same Python, .venv's packages after its own (sorted after the
-# editable install's .pth, so the checkout comes first).
+# A fresh environment for each side, of the same Python, .venv's packages after its own (sorted
+# after the editable install's .pth, so the checkout comes first).
 base_python=$("$python" -c "import sys; print(sys._base_executable)")
-"$base_python" -m venv --without-pip env || exit 1  # pip and setuptools: .venv's, through the layer
-env_site=$(env/bin/python -c "import sysconfig; print(sysconfig.get_paths()['purelib'])")
-echo "$site" > "$env_site/zz_gradnorm_layer.pth"
+for side in base head; do
+  "$base_python" -m venv --without-pip "env-$side" || exit 1  # pip, setuptools: .venv's, through the layer
+  env_site=$("env-$side/bin/python" -c "import sysconfig; print(sysconfig.get_paths()['purelib'])")
+  echo "$site" > "$env_site/zz_gradnorm_layer.pth"
+done
 
-PYTHON="$PWD/env/bin/python" bash "$source_dir/scripts/framework-pr-check.sh" repo head out -- \
+BASE_PYTHON="$PWD/env-base/bin/python" HEAD_PYTHON="$PWD/env-head/bin/python" \
+  bash "$source_dir/scripts/framework-pr-check.sh" repo head out -- \
   --recipe transformers:trainer -s single/accum2-ragged/float32 -s first-valid/single/accum2-ragged/float32 \
   > check.out 2>&1; rc=$?
 cat check.out
@@ -71,13 +74,15 @@ report = json.load(open(sys.argv[1]))
 assert report["summary"]["unexpected"] == 0 and report["summary"]["rows"] == 2, report["summary"]
 print("ok: the base passes its", report["summary"]["rows"], "rows")
 PY
-# The transformers judged was the checkout's, not .venv's.
-env/bin/python -c "import transformers; print(transformers.__file__)" > file.out
+# The transformers judged was each side's checkout, not .venv's.
+env-base/bin/python -c "import transformers; print(transformers.__file__)" > file.out
+env-head/bin/python -c "import transformers; print(transformers.__file__)" >> file.out
+expect "$PWD/repo/src/transformers/__init__.py" file.out
 expect "$PWD/head/src/transformers/__init__.py" file.out
 # The comment's reproduce command fails again in the head's environment.
 reproduce=$(grep -o 'reproduce: `gradnorm run [^`]*`' "$comment" | head -1 | sed 's/^reproduce: `//; s/`$//')
 [ -n "$reproduce" ] || { echo "FAIL: no reproduce command in $comment"; failed=1; }
 # (the environment has gradnorm through the layer, without its console script: python -m)
-(cd head && eval "$work/env/bin/python -m ${reproduce#gradnorm }" > ../reproduce.out 2>&1); rc=$?
+(cd head && eval "$work/env-head/bin/python -m ${reproduce#gradnorm }" > ../reproduce.out 2>&1); rc=$?
 [ "$rc" -eq 1 ] || { echo "FAIL: '$reproduce' exited $rc in the head, not 1"; cat reproduce.out; failed=1; }
 exit $failed
