@@ -2,6 +2,8 @@
 #include <fmt/ranges.h>
 #include <fnmatch.h>
 
+#include <algorithm>
+#include <cctype>
 #include <deque>
 #include <mutex>
 #include <optional>
@@ -62,6 +64,21 @@ void register_variant(VariantSpec spec) {
     throw scenarios::InvalidInput(fmt::format("cannot register variant '{}': {}", spec.name, why));
   };
   if (spec.name.empty()) refuse("its name is empty");
+  if (const auto control = std::find_if(spec.name.begin(), spec.name.end(),
+                                        [](char c) { return std::iscntrl(static_cast<unsigned char>(c)); });
+      control != spec.name.end()) {
+    // Every report is lines (the table, JUnit names, --digests rows): a newline in a name
+    // would split its row. The message shows the name with the character escaped.
+    std::string shown;
+    for (char c : spec.name) {
+      shown += std::iscntrl(static_cast<unsigned char>(c))
+                   ? fmt::format("\\x{:02x}", static_cast<unsigned char>(c)) : std::string(1, c);
+    }
+    throw scenarios::InvalidInput(fmt::format(
+        "cannot register variant '{}': its name holds a control character (byte 0x{:02x}); a "
+        "name is one printable line",
+        shown, static_cast<unsigned char>(*control)));
+  }
   if (lookup(r, spec.name)) refuse("a variant of that name is already registered");
   if (!spec.make) refuse("it has no step factory (make)");
   if (spec.reference.empty()) spec.reference = spec.name;

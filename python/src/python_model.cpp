@@ -205,6 +205,12 @@ std::unique_ptr<harness::Model> load_python_model(const scenarios::Scenario& s) 
                                "point",
                                p.name, c10::toString(p.value.scalar_type())));
     }
+    if (!p.value.device().is_cpu()) {
+      // A meta tensor has shapes and no storage: the digest read its data and crashed.
+      throw refuse(fmt::format("has parameter '{}' on the {} device: gradnorm trains and "
+                               "compares the model on the CPU (build it there)",
+                               p.name, c10::DeviceTypeName(p.value.device().type(), /*lower_case=*/true)));
+    }
     any_trainable = any_trainable || p.trainable;
   }
   if (model->parameters().empty()) throw refuse("has no parameters: nothing to train");

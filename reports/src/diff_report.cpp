@@ -203,8 +203,15 @@ int Diff::count(Change change) const {
   return static_cast<int>(std::count_if(rows.begin(), rows.end(), [change](const DiffRow& r) { return r.change == change; }));
 }
 
+bool Diff::head_shares_no_row() const {
+  return base_rows > 0 && head_rows > 0 && std::none_of(rows.begin(), rows.end(), [](const DiffRow& row) {
+           return !row.base.is_null() && !row.head.is_null();
+         });
+}
+
 bool Diff::has_regression() const {
-  return count(Change::regression) > 0 || count(Change::control_lost) > 0 || head_lost_every_row();
+  return count(Change::regression) > 0 || count(Change::control_lost) > 0 || head_lost_every_row() ||
+         head_shares_no_row();
 }
 
 std::vector<std::string> report_contradictions(const json& report) {
@@ -354,6 +361,9 @@ std::string render_diff_markdown(const Diff& diff) {
   std::string headline;
   if (diff.head_lost_every_row()) {
     headline = fmt::format("**gradnorm: the head judged nothing (every one of the base's {} rows was removed)**",
+                           diff.base_rows);
+  } else if (diff.head_shares_no_row()) {
+    headline = fmt::format("**gradnorm: nothing compared (the head shares none of the base's {} rows)**",
                            diff.base_rows);
   } else if (regressions > 0) {
     headline = fmt::format("**gradnorm: {} regression{}**", regressions, regressions == 1 ? "" : "s");

@@ -151,6 +151,9 @@ TEST(Registry, BuiltInsComeFirstInCatalogueOrderWithCitations) {
 TEST(Registry, RefusesWhatCannotWork) {
   auto make = [] { return std::make_unique<TokenSum>(); };
   EXPECT_TRUE(contains(registration_error(spec("", make)), "its name is empty"));
+  EXPECT_TRUE(contains(registration_error(spec("test/two\nlines", make)),
+                       "cannot register variant 'test/two\\x0alines': its name holds a control "
+                       "character (byte 0x0a)"));
   EXPECT_TRUE(contains(registration_error(spec("baseline", make)),
                        "cannot register variant 'baseline': a variant of that name is already"));
   EXPECT_TRUE(contains(registration_error(spec("test/no-factory", nullptr)), "no step factory"));

@@ -181,6 +181,8 @@ TEST(PythonModel, FilesAndModulesItCannotTrainAreInputErrorsNamingThem) {
   expect_error(models, "integer_logits", "forward returned int64 logits for float32 parameters");
   expect_error(models, "integer_parameter", "has parameter 'counts' of type Long");
   expect_error(models, "nothing_trainable", "has no parameter that requires grad");
+  // It used to crash the process (SIGSEGV) when the digest read the meta tensor's storage.
+  expect_error(models, "meta_parameter", "has parameter 'extra' on the meta device");
   expect_error(models, "forward_raises", "cannot run forward(token ids [2, 8]) with float32 parameters: "
                                          "RuntimeError: this model cannot run (at " + models + ":");
   // Negative control: the same checks accept a good module.

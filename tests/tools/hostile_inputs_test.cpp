@@ -123,6 +123,14 @@ TEST(HostilePaths, ReportsAreCheckedAgainstTheirOwnRecords) {
   const fs::path none = folder.path() / "none.json";
   std::ofstream(none) << empty.dump();
   expect_refused({"diff", base.string(), none.string()}, "the head judged nothing", 1);
+  // A head that judged other rows only: nothing was compared, which fails as a regression
+  // does (it said "no regression").
+  nlohmann::json renamed = report;
+  for (nlohmann::json& record : renamed["records"]) record["scenario"] = "renamed/" + record["scenario"].get<std::string>();
+  const fs::path other = folder.path() / "other.json";
+  std::ofstream(other) << renamed.dump();
+  expect_refused({"diff", base.string(), other.string()},
+                 "nothing compared (the head shares none of the base's 2 rows)", 1);
   // Controls: the report against itself, and the empty one as the base.
   EXPECT_EQ(run_cli({"diff", base.string(), base.string()}).exit_code, 0);
   EXPECT_EQ(run_cli({"diff", none.string(), base.string()}).exit_code, 0);

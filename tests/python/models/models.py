@@ -88,6 +88,12 @@ def integer_parameter(vocab_size, hidden_size, sequence_length):
     return model
 
 
+def meta_parameter(vocab_size, hidden_size, sequence_length):
+    model = Mixer(vocab_size, hidden_size)
+    model.extra = nn.Parameter(torch.zeros(3, device="meta"))  # shapes only: no storage
+    return model
+
+
 def nothing_trainable(vocab_size, hidden_size, sequence_length):
     model = Mixer(vocab_size, hidden_size)
     model.requires_grad_(False)

@@ -68,6 +68,10 @@ struct Diff {
   // The base had rows and the head has none: every row was removed (a run that judged
   // nothing), which fails the diff as a regression does.
   [[nodiscard]] bool head_lost_every_row() const { return base_rows > 0 && head_rows == 0; }
+  // Both judged rows and no row is in both: every row was added or removed (the scenarios or
+  // variants were all renamed, or the two runs judged different things), so nothing was
+  // compared; the diff fails as on a regression.
+  [[nodiscard]] bool head_shares_no_row() const;
   // A regression, a lost negative control, or a head that lost every row: the diff's exit
   // status is 1.
   [[nodiscard]] bool has_regression() const;
