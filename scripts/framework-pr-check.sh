@@ -28,14 +28,23 @@ if [ $# -lt 2 ]; then
   sed -n '2,25p' "$0" | sed 's/^# \{0,1\}//' >&2
   exit 2
 fi
-base_dir=$(cd "$1" && pwd) head_dir=$(cd "$2" && pwd)
+base_dir=$(cd "$1" && pwd)
+head_dir=$(cd "$2" && pwd)
 shift 2
 out=gradnorm-pr
 if [ $# -gt 0 ] && [ "$1" != "--" ]; then out=$1; shift; fi
 if [ $# -gt 0 ] && [ "$1" = "--" ]; then shift; fi
 run_arguments=("$@")
-base_python=${BASE_PYTHON:-${PYTHON:-python3}}
-head_python=${HEAD_PYTHON:-${PYTHON:-python3}}
+absolute() {  # a command as a path that still works from each side's folder (a venv's
+  # bin/python stays itself: not resolved through its symbolic link)
+  case $1 in
+    /*) echo "$1" ;;
+    */*) echo "$PWD/$1" ;;
+    *) command -v "$1" || echo "$1" ;;
+  esac
+}
+base_python=$(absolute "${BASE_PYTHON:-${PYTHON:-python3}}")
+head_python=$(absolute "${HEAD_PYTHON:-${PYTHON:-python3}}")
 read -r -a pip_arguments <<< "${GRADNORM_PIP_ARGS:---no-deps --no-build-isolation}"
 for python in "$base_python" "$head_python"; do
   if ! "$python" -c "import gradnorm" 2> /dev/null; then

@@ -191,7 +191,9 @@ def command(*, step=None, recipe=None, recipe_args=None, recipe_model=None, file
     if recipe is not None:
         words += ["--recipe", recipe]
     for key, value in (recipe_args or {}).items():
-        words += ["--recipe-arg", f"{key}={json.dumps(value) if not isinstance(value, str) else value}"]
+        # A string as it would be typed after --recipe-arg KEY=; any other value as a Python
+        # literal, which the adapters read back with ast.literal_eval (None, dicts, booleans).
+        words += ["--recipe-arg", f"{key}={value if isinstance(value, str) else repr(value)}"]
     if recipe_model is not None:
         words += ["--recipe-model", recipe_model]
     for file in _listed(files):
@@ -206,7 +208,7 @@ def command(*, step=None, recipe=None, recipe_args=None, recipe_model=None, file
         words += ["--timeout", str(timeout)]
     if jobs is not None:
         words += ["-j", str(jobs)]
-    return words + [os.fspath(a) for a in args]
+    return words + [os.fspath(a) for a in _listed(args)]
 
 
 def run(*, step=None, recipe=None, recipe_args=None, recipe_model=None, files=(), scenarios=(),
@@ -217,7 +219,8 @@ def run(*, step=None, recipe=None, recipe_args=None, recipe_model=None, files=()
 
     step: a Python step, "FILE.py[:FUNCTION]" (--python-step). recipe: real framework code,
     "FRAMEWORK:TARGET" (--recipe), with recipe_args {KEY: VALUE} (--recipe-arg) and
-    recipe_model (--recipe-model). files: scenario files (-f). scenarios, variants: names or
+    recipe_model (--recipe-model); a string value goes as typed on the command line, any
+    other as a Python literal. files: scenario files (-f). scenarios, variants: names or
     patterns (-s, -v). nproc: rank processes. args: any other `gradnorm run` arguments.
     Raises GradnormError when gradnorm did not judge (exit 2, 3, 70, a signal).
     """

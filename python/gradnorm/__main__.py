@@ -26,6 +26,12 @@ def _fail(message):
 
 def main(arguments=None):
     arguments = list(sys.argv[1:] if arguments is None else arguments)
+    # What the executable's embedded interpreter has: no program folder first on sys.path, so a
+    # folder in the working directory named like torch or a framework is not imported instead
+    # of it (gradnorm itself is imported already).
+    if sys.path and os.path.abspath(sys.path[0] or ".") in (
+            os.getcwd(), os.path.dirname(os.path.abspath(sys.argv[0] or "."))):
+        del sys.path[0]
     _prepare_environment()
     try:
         import torch
@@ -53,13 +59,7 @@ def main(arguments=None):
     # set a flag no Python code reads while C++ runs, and Python ignores SIGPIPE.
     for name in ("SIGINT", "SIGPIPE", "SIGXFSZ"):
         signal.signal(getattr(signal, name), signal.SIG_DFL)
-    # What the executable's embedded interpreter has: no program folder first on sys.path (a
-    # folder named like a framework in the working directory is not imported instead of it),
-    # an empty sys.argv[0].
-    if sys.path and os.path.abspath(sys.path[0] or ".") in (
-            os.getcwd(), os.path.dirname(os.path.abspath(sys.argv[0] or "."))):
-        del sys.path[0]
-    sys.argv = [""]
+    sys.argv = [""]  # as the embedded interpreter's
     # The harness replaces os._exit in its process (gradnorm_torch.embed); this one ends it.
     exit_process = os._exit
 
@@ -67,8 +67,11 @@ def main(arguments=None):
     examples = os.path.join(package, "examples")
     description = (f"CPython {sys.version.split()[0]}, the interpreter running gradnorm: "
                    f"{sys.executable} (torch {torch.__version__})")
+    import subprocess
+    # Rank processes and bench children: this interpreter again, with its flags (-s, -X ...).
+    again = [sys.executable] + subprocess._args_from_interpreter_flags() + ["-m", "gradnorm"]
     code = _native.run_command_line(
-        ["gradnorm"] + arguments, [sys.executable, "-m", "gradnorm"],
+        ["gradnorm"] + arguments, again,
         examples if os.path.isdir(examples) else "", description)
     for stream in (sys.stdout, sys.stderr):
         try:

@@ -76,7 +76,7 @@ def pytest_collect_file(file_path, parent):
 
 
 _ARGUMENTS = {"step", "recipe", "recipe_args", "recipe_model", "files", "scenarios", "variants",
-              "nproc", "timeout", "args", "name"}
+              "nproc", "timeout", "jobs", "args", "name"}
 
 
 class GradnormRun:
@@ -86,19 +86,21 @@ class GradnormRun:
         self.node = node
         self.arguments = arguments
         self.cwd = cwd
-        self.report = None
-        self.error = None
+        self.rows = {}     # (scenario, variant) -> gradnorm.Row, once judged
+        self.errors = {}   # (scenario, variant) -> the GradnormError of the run that did not judge
+        self.runs = 0
         self._plan = None
 
     def keywords(self):
         """gradnorm.run's arguments: the table's or file's, then the command line's options."""
         config = self.node.config
         keywords = {key: value for key, value in self.arguments.items() if key != "name"}
-        if config.getoption("gradnorm_timeout") is not None and "timeout" not in keywords:
+        # The command line's options over the configuration's, as pytest's own ini options go.
+        if config.getoption("gradnorm_timeout") is not None:
             keywords["timeout"] = config.getoption("gradnorm_timeout")
         if config.getoption("gradnorm_jobs") is not None:
             keywords["jobs"] = config.getoption("gradnorm_jobs")
-        keywords["args"] = list(keywords.get("args", [])) + list(config.getoption("gradnorm_arg"))
+        keywords["args"] = gradnorm._listed(keywords.get("args")) + list(config.getoption("gradnorm_arg"))
         return keywords
 
     def plan(self):
@@ -111,7 +113,18 @@ class GradnormRun:
                 raise GradnormCollectError(
                     f"gradnorm could not plan {self.node.nodeid} (exit {done.returncode}):\n"
                     + done.stderr.strip())
-            self._plan = json.loads(done.stdout.strip().splitlines()[-1])
+            # The plan is gradnorm's one JSON line; what the user's code printed at import
+            # (a print, a framework's logger on standard output) may come before or after it.
+            for line in reversed(done.stdout.splitlines()):
+                if line.startswith('{"left_out":'):
+                    try:
+                        self._plan = json.loads(line)
+                        break
+                    except ValueError:
+                        pass
+            else:
+                raise GradnormCollectError(
+                    f"gradnorm printed no plan for {self.node.nodeid}:\n" + done.stdout[-2000:])
         return self._plan
 
     def items(self, parent):
@@ -125,33 +138,50 @@ class GradnormRun:
                                            run=self, scenario=pair["scenario"],
                                            variant=pair["variant"], left_out=pair["why"])
 
-    def judge(self, session):
-        """Runs the items of this run that are still selected, once."""
-        if self.report is not None or self.error is not None:
+    def judge(self, session, item):
+        """Judges ITEM's row, and with it every item of this run still selected (one child
+        process for them all). Under xdist, whose workers each hold every item, ITEM alone,
+        unless --dist loadfile sends a file's items to one worker."""
+        key = (item.scenario, item.variant)
+        if key in self.rows or key in self.errors:
             return
-        mine = [item for item in session.items
-                if isinstance(item, GradnormItem) and item.run is self and item.left_out is None]
-        everything = [item for item in self.node.iter_children() if item.left_out is None]
+        config = self.node.config
+        selected = [item]
+        batches = not hasattr(config, "workerinput")
+        if not batches:
+            # An xdist worker: its own options say dist "no"; the command line it was started
+            # from says whether a file's items all come here (--dist loadfile).
+            argv = config.workerinput.get("mainargv", [])
+            batches = "loadfile" in argv or "--dist=loadfile" in argv
+        if batches:
+            selected = [other for other in session.items
+                        if isinstance(other, GradnormItem) and other.run is self
+                        and other.left_out is None
+                        and (other.scenario, other.variant) not in self.rows]
+        everything = [other for other in self.node.iter_children() if other.left_out is None]
         keywords = self.keywords()
-        if len(mine) < len(everything):
+        if len(selected) < len(everything):
             # Only the selected rows' scenarios and variants (their product may hold more rows,
             # which are judged and not reported).
-            keywords["scenarios"] = sorted({gradnorm._exact(item.scenario) for item in mine})
-            keywords["variants"] = sorted({gradnorm._exact(item.variant) for item in mine})
-        config = self.node.config
+            keywords["scenarios"] = sorted({gradnorm._exact(other.scenario) for other in selected})
+            keywords["variants"] = sorted({gradnorm._exact(other.variant) for other in selected})
         try:
-            self.report = gradnorm.run(cwd=self.cwd, **keywords)
+            report = gradnorm.run(cwd=self.cwd, **keywords)
         except gradnorm.GradnormError as error:
-            self.error = error
+            for other in selected:
+                self.errors[(other.scenario, other.variant)] = error
             return
+        for row in report.rows:
+            self.rows[(row.scenario, row.variant)] = row
         report_dir = config.getoption("gradnorm_report_dir")
         if report_dir:
             os.makedirs(report_dir, exist_ok=True)
+            self.runs += 1
             worker = os.environ.get("PYTEST_XDIST_WORKER")
             stem = "".join(c if c.isalnum() or c in "-_." else "_" for c in self.node.nodeid)
-            with open(os.path.join(report_dir, f"{stem}{'.' + worker if worker else ''}.json"),
-                      "w", encoding="utf-8") as handle:
-                json.dump(self.report.data, handle, indent=1)
+            stem += (f".{worker}" if worker else "") + (f".{self.runs}" if self.runs > 1 else "")
+            with open(os.path.join(report_dir, stem + ".json"), "w", encoding="utf-8") as handle:
+                json.dump(report.data, handle, indent=1)
 
 
 class GradnormCollectError(Exception):
@@ -206,9 +236,16 @@ class GradnormConfig(GradnormNode, pytest.File):
         if isinstance(tables, dict):
             tables = [tables]
         self._children = []
+        taken = set()
         for index, table in enumerate(tables):
-            name = table.get("name") or os.path.basename(str(table.get("step") or table.get("recipe")
-                                                             or f"run{index + 1}"))
+            if not isinstance(table, dict):
+                raise GradnormCollectError(
+                    f"{self.path}: [[tool.gradnorm.run]] number {index + 1} is not a table")
+            name = str(table.get("name") or os.path.basename(str(table.get("step") or table.get("recipe")
+                                                                 or f"run{index + 1}")))
+            if name in taken:  # two tables named alike (two steps called step.py): numbered
+                name = f"{name}#{index + 1}"
+            taken.add(name)
             self._children.append(GradnormTable.from_parent(
                 self, name=name, arguments=dict(table)))
         return self._children
@@ -233,15 +270,14 @@ class GradnormItem(pytest.Item):
             self.add_marker(pytest.mark.skip(reason=f"gradnorm leaves this pair out: {left_out}"))
 
     def runtest(self):
-        self.run.judge(self.session)
-        if self.run.error is not None:
-            raise self.run.error
-        try:
-            row = self.run.report.row(self.scenario, self.variant)
-        except KeyError:
+        self.run.judge(self.session, self)
+        key = (self.scenario, self.variant)
+        if key in self.run.errors:
+            raise self.run.errors[key]
+        row = self.run.rows.get(key)
+        if row is None:
             raise gradnorm.GradnormError(
-                f"the run judged no row {self.scenario} x {self.variant} (its plan had one)"
-            ) from None
+                f"the run judged no row {self.scenario} x {self.variant} (its plan had one)")
         self.user_properties.append(("reproduce", row.reproduce))
         self.user_properties.append(("verdict", row.verdict))
         if not row.met:

@@ -101,6 +101,14 @@ std::string render_diff_junit(const Diff& diff) {
     }
     cases.push_back(std::move(c));
   }
+  // A diff that fails with no row to blame (the head judged nothing, or nothing the base
+  // did) fails one case of its own, so CI's test tab shows what its exit status says.
+  if (diff.head_lost_every_row() || diff.head_shares_no_row()) {
+    const std::string why = diff.head_lost_every_row()
+                                ? fmt::format("the head judged nothing (every one of the base's {} rows was removed)", diff.base_rows)
+                                : fmt::format("nothing compared (the head shares none of the base's {} rows)", diff.base_rows);
+    cases.push_back(Case{"gradnorm diff", "compared rows", Case::Kind::failed, why, why + "\n"});
+  }
   return suite("gradnorm diff", cases);
 }
 

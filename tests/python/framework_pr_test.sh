@@ -56,7 +56,7 @@ for side in base head; do
   echo "$site" > "$env_site/zz_gradnorm_layer.pth"
 done
 
-BASE_PYTHON="$PWD/env-base/bin/python" HEAD_PYTHON="$PWD/env-head/bin/python" \
+BASE_PYTHON=env-base/bin/python HEAD_PYTHON=env-head/bin/python \
   bash "$source_dir/scripts/framework-pr-check.sh" repo head out -- \
   --recipe transformers:trainer -s single/accum2-ragged/float32 -s first-valid/single/accum2-ragged/float32 \
   > check.out 2>&1; rc=$?

@@ -43,6 +43,12 @@ torchrun="$(dirname "$python")/torchrun"
   -s 'dist/5-3/*' -s 'dist/accum2-ragged/*' --digests pkg-torchrun.txt > torchrun.out 2>&1
 same_digests "torchrun -m gradnorm" exe-ranks.txt pkg-torchrun.txt
 
+# A folder named torch in the working directory is not imported instead of the environment's
+# (python -m puts the working directory first on sys.path; the executable's interpreter has
+# no such entry).
+mkdir -p shadow/torch && echo 'raise ImportError("the torch folder in the working directory")' > shadow/torch/__init__.py
+(cd shadow && "$python" -m gradnorm run -q -s single/n3/float32 -v baseline) > shadow.out 2>&1 ||
+  { echo "FAIL: a torch folder in the working directory shadowed torch:"; cat shadow.out; failed=1; }
 # What it says of itself, and where it cannot run.
 "$python" -m gradnorm --version > version.out
 expect "the interpreter running gradnorm: $python" version.out

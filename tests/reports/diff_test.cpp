@@ -177,5 +177,26 @@ TEST(Junit, DiffFailsRegressionsAndSkipsRemovedRows) {
   EXPECT_NE(xml.find("reproduce: gradnorm run -f &apos;my scenarios.toml&apos; -s a -v v"), std::string::npos) << xml;
 }
 
+// A diff that fails with no row to blame fails one case of its own (CI's test tab was green
+// where the exit status was 1); a head that shares rows has no such case.
+TEST(Junit, ADiffThatComparedNothingFailsACase) {
+  const json base = report(json::array({record("a", "v", "pass", true), record("b", "v", "pass", true)}));
+  const json renamed = report(json::array({record("c", "v", "pass", true)}));
+  const reports::Diff disjoint = reports::diff_reports(base, renamed);
+  EXPECT_TRUE(disjoint.head_shares_no_row());
+  EXPECT_TRUE(disjoint.has_regression());
+  const std::string xml = reports::render_diff_junit(disjoint);
+  EXPECT_NE(xml.find("failure message=\"nothing compared (the head shares none of the base&apos;s 2 rows)\""),
+            std::string::npos) << xml;
+  const json empty = report(json::array());
+  EXPECT_NE(reports::render_diff_junit(reports::diff_reports(base, empty)).find("the head judged nothing"),
+            std::string::npos);
+  // Control: one row in common, no such case.
+  const json overlapping = report(json::array({record("a", "v", "pass", true), record("c", "v", "pass", true)}));
+  const reports::Diff shared = reports::diff_reports(base, overlapping);
+  EXPECT_FALSE(shared.head_shares_no_row());
+  EXPECT_EQ(reports::render_diff_junit(shared).find("compared rows"), std::string::npos);
+}
+
 }  // namespace
 }  // namespace gradnorm

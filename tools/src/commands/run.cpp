@@ -129,8 +129,9 @@ std::vector<scenarios::Scenario> with_world_size(std::vector<scenarios::Scenario
 }
 
 // What, besides -s and -v, runs one row of this run again: its scenario files and its
-// Python step, as given.
-std::vector<std::string> reproduce_arguments(const RunOptions& options) {
+// Python step, as given, and for ranks that were processes (PROCESSES of them; 0: threads)
+// --nproc, so a step that needs a process group (DDP) runs where it can.
+std::vector<std::string> reproduce_arguments(const RunOptions& options, int processes) {
   std::vector<std::string> out;
   for (const std::string& file : options.scenario_files) {
     out.push_back("-f");
@@ -139,6 +140,7 @@ std::vector<std::string> reproduce_arguments(const RunOptions& options) {
   const std::vector<std::string> step = python_step_arguments(options.python_step);
   out.insert(out.end(), step.begin(), step.end());
   if (options.ignore_findings) out.push_back("--ignore-findings");
+  if (processes > 0) out.insert(out.end(), {"--nproc", std::to_string(processes)});
   return out;
 }
 
@@ -184,7 +186,7 @@ std::vector<reports::WeightPlot> weight_plots(const oracles::Evaluation& evaluat
 }
 
 int report(const oracles::Evaluation& evaluation, const RunOptions& options,
-           const harness::RunSettings& settings) {
+           const harness::RunSettings& settings, int processes = 0) {
   if (evaluation.fault) {
     // Nothing half-done is presented as complete: no report files for an aborted run.
     fmt::print(stderr, "gradnorm: run aborted: {}\n", *evaluation.fault);
@@ -203,7 +205,7 @@ int report(const oracles::Evaluation& evaluation, const RunOptions& options,
   // Built only when a report is made from it: for a large run it is not free.
   const bool wants_json = !options.json_path.empty() || !options.junit_path.empty() || !options.html_path.empty();
   const nlohmann::json json_report =
-      wants_json ? reports::to_json(evaluation, settings, reproduce_arguments(options)) : nlohmann::json();
+      wants_json ? reports::to_json(evaluation, settings, reproduce_arguments(options, processes)) : nlohmann::json();
   if (!options.json_path.empty()) {
     reports::write_file_atomically(options.json_path, json_report.dump(2) + "\n");
   }
@@ -526,7 +528,7 @@ int run_command(const RunOptions& options, int argc, char** argv) {
     }
     harness::RunSettings settings = guard.settings();
     settings.transport = harness::describe_process_group(rendezvous, options.backend);
-    const int code = report(evaluation, options, settings);
+    const int code = report(evaluation, options, settings, rendezvous.world_size);
     if (code == kExitAsExpected || code == kExitUnexpected) write_rank_done(0);
     return code;
   }
