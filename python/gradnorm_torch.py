@@ -16,6 +16,7 @@ collectives, so a step calls ``torch.distributed.all_reduce`` exactly as a recip
 reduces bit for bit as the harness's C++ steps do.
 """
 
+import faulthandler
 import functools
 import importlib.util
 import math
@@ -592,11 +593,16 @@ def embed():
     step may not create or destroy it (new_group and every collective are torch's own)."""
     global _HARNESS_PID
     _HARNESS_PID = os.getpid()
+    # User code that kills the process (a segfault in an extension, os.abort()) ended it with
+    # an empty stderr: Python's own fault handler names the file and line of the thread that
+    # crashed (a rank process's supervisor quotes them from the rank's log).
+    faulthandler.enable(all_threads=False)
     os._exit = _no_exit
     os.fork = _fork_unless_ranks_are_threads(os.fork)
     for name in ("alarm", "setitimer"):
         setattr(signal, "_gradnorm_original_" + name, getattr(signal, name))
         setattr(signal, name, _refuse_timer(name))
+    _keep_interrupts(signal)
     _refuse_wrapper_on_shim_ranks(torch.nn.parallel.DistributedDataParallel,
                                   "DistributedDataParallel")
     from torch.distributed.fsdp import FullyShardedDataParallel
@@ -643,6 +649,37 @@ def _refuse_timer(name):
             "with no report (its default action) or run a handler on another rank's thread; "
             "gradnorm's --timeout bounds a step's time" % name)
     return refuse
+
+
+# The signals that end a run (SIGINT, SIGTERM, SIGHUP: 130, 143, 129 and no report) belong to
+# the harness. What code under test installs for them is kept, and reported back by
+# signal.getsignal, but never reaches the process: a recipe that ignored SIGTERM at import made
+# the run immune to it.
+_ENDING_SIGNALS = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)
+_kept_handlers = {}
+
+
+def _keep_interrupts(module):
+    real_signal, real_getsignal = module.signal, module.getsignal
+
+    @functools.wraps(real_signal)
+    def signal_(signalnum, handler):
+        if signalnum not in _ENDING_SIGNALS or in_forked_child():
+            return real_signal(signalnum, handler)
+        if (not (callable(handler) or handler in (module.SIG_DFL, module.SIG_IGN))
+                or threading.current_thread() is not threading.main_thread()):
+            return real_signal(signalnum, handler)  # the error the caller would get
+        previous = _kept_handlers.get(signalnum, module.SIG_DFL)
+        _kept_handlers[signalnum] = handler
+        return previous
+
+    @functools.wraps(real_getsignal)
+    def getsignal(signalnum):
+        if signalnum not in _ENDING_SIGNALS or in_forked_child():
+            return real_getsignal(signalnum)
+        return _kept_handlers.get(signalnum, module.SIG_DFL)
+
+    module.signal, module.getsignal = signal_, getsignal
 
 
 def _refuse_fully_shard_of_built_in_models(fsdp):

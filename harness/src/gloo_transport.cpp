@@ -105,6 +105,33 @@ std::string store_server(const Rendezvous& rendezvous) {
   return rendezvous.agent_store ? "torchrun's agent" : "rank 0";
 }
 
+// The TCPStore, made on a thread of its own and waited for --timeout and 5 s: a client whose
+// server accepts the connection and never answers (another program on MASTER_PORT) waits in
+// the store's handshake with no bound of its own (a measured 120 s and more). What still runs
+// there holds only what it owns.
+c10::intrusive_ptr<c10d::Store> connect_bounded(const Rendezvous& rendezvous,
+                                                const c10d::TCPStoreOptions& tcp) {
+  auto made = std::make_shared<std::promise<c10::intrusive_ptr<c10d::Store>>>();
+  std::future<c10::intrusive_ptr<c10d::Store>> store = made->get_future();
+  std::thread([made, host = rendezvous.master_addr, tcp] {
+    try {
+      made->set_value(c10::make_intrusive<c10d::TCPStore>(host, tcp));
+    } catch (...) {
+      made->set_exception(std::current_exception());
+    }
+  }).detach();
+  const auto bound = std::chrono::duration_cast<std::chrono::milliseconds>(tcp.timeout) +
+                     std::chrono::seconds(5);
+  if (store.wait_for(bound) != std::future_status::ready) {
+    throw std::runtime_error(fmt::format(
+        "no answer within {} ms: something at {}:{} accepts connections but does not speak "
+        "the TCPStore protocol (another program on MASTER_PORT?), or {} is stuck",
+        bound.count(), rendezvous.master_addr, rendezvous.master_port,
+        rendezvous.agent_store ? "torchrun's agent" : "rank 0"));
+  }
+  return store.get();
+}
+
 // Makes (once) the process group of a subgroup of world ranks, for this process.
 using SubgroupFactory = std::function<const ProcessGroupBackend&(const std::vector<int>& ranks)>;
 
@@ -186,7 +213,7 @@ class ProcessGroupTransport final : public Transport {
         // Under torchrun's agent store, keys go unprefixed, as torch.distributed's own ranks
         // keep them on torch >= 2.x: the agent makes a fresh store for every restart
         // (torch/distributed/rendezvous.py, _create_c10d_store), so no attempt reads another's.
-        store_ = c10::make_intrusive<c10d::TCPStore>(rendezvous.master_addr, tcp);
+        store_ = connect_bounded(rendezvous, tcp);
       }
       store_->setTimeout(options_.timeout);
       auto group_store = c10::make_intrusive<c10d::PrefixStore>("group", store_);

@@ -3,12 +3,17 @@
 #include <fmt/format.h>
 
 #include <atomic>
+#include <chrono>
+#include <condition_variable>
+#include <cstdio>
 #include <cctype>
 #include <cstdlib>
 #include <filesystem>
 #include <mutex>
+#include <thread>
 
 #include "embedded_sources.hpp"
+#include "watchdog.hpp"
 #include "gradnorm/harness/runner.hpp"
 #include "gradnorm/python/python_step.hpp"
 #include "gradnorm/scenarios/scenario.hpp"
@@ -45,6 +50,71 @@ const std::string& python_executable() {
 }
 
 bool Interpreter::started() { return detail::started.load(); }
+
+namespace {
+
+// Ends the process (exit 2, naming the environment) if the interpreter has not started by the
+// deadline: nothing can interrupt CPython while it initialises.
+class StartDeadline {
+ public:
+  explicit StartDeadline(std::string executable)
+      : executable_(std::move(executable)),
+        timeout_(std::chrono::milliseconds(step_timeout_ms.load())),
+        deadline_(std::chrono::steady_clock::now() + timeout_) {
+    thread_ = std::thread([this] { watch(); });
+  }
+  ~StartDeadline() {
+    {
+      std::lock_guard lock(mutex_);
+      done_ = true;
+    }
+    cv_.notify_all();
+    thread_.join();
+  }
+  StartDeadline(const StartDeadline&) = delete;
+  StartDeadline& operator=(const StartDeadline&) = delete;
+
+  // The next phase ("importing torch") gets the timeout and `more`.
+  void extend(std::chrono::milliseconds more, const char* phase) {
+    {
+      std::lock_guard lock(mutex_);
+      phase_ = phase;
+      allowed_ = timeout_ + more;
+      deadline_ = std::chrono::steady_clock::now() + allowed_;
+    }
+    cv_.notify_all();
+  }
+
+ private:
+  void watch() {
+    std::unique_lock lock(mutex_);
+    while (!done_) {
+      if (cv_.wait_until(lock, deadline_, [this] { return done_; })) return;
+      if (std::chrono::steady_clock::now() < deadline_) continue;  // extended meanwhile
+      std::fprintf(stderr,
+                   "gradnorm: the Python environment %s did not start within %lld ms (%s): "
+                   "%s hangs (a sitecustomize, usercustomize or .pth file on its path, or a "
+                   "module it imports?)\n",
+                   executable_.c_str(), static_cast<long long>(allowed_.count()),
+                   phase_ == nullptr ? "--timeout" : "--timeout and 60 s for torch's import",
+                   phase_ == nullptr ? "its start-up" : phase_);
+      std::fflush(stderr);
+      std::_Exit(2);
+    }
+  }
+
+  std::string executable_;
+  std::chrono::milliseconds timeout_;
+  std::chrono::milliseconds allowed_ = timeout_;
+  std::chrono::steady_clock::time_point deadline_;
+  const char* phase_ = nullptr;  // null: CPython's own start-up
+  std::mutex mutex_;
+  std::condition_variable cv_;
+  bool done_ = false;
+  std::thread thread_;
+};
+
+}  // namespace
 
 Interpreter& Interpreter::get() {
   static Interpreter* instance = nullptr;
@@ -92,7 +162,12 @@ Interpreter::Interpreter() {
     PyConfig_Clear(&config);
     throw std::runtime_error(fmt::format("the interpreter path {} cannot be used", executable));
   }
+  // Start-up runs what the environment adds (site, sitecustomize, .pth files): bounded by
+  // --timeout. torch's import, which takes 1-3 s on two busy cores, gets a minute more, so a
+  // slow machine does not read as a hang.
+  StartDeadline deadline(executable);
   py::initialize_interpreter(&config, 0, nullptr, /*add_program_dir_to_path=*/false);
+  deadline.extend(std::chrono::seconds(60), "importing torch");
   set_up();
   PyEval_SaveThread();
 }

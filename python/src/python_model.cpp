@@ -10,6 +10,7 @@
 
 #include "gradnorm/python/python_step.hpp"
 #include "interpreter.hpp"
+#include "watchdog.hpp"
 
 #include <pybind11/stl.h>
 
@@ -33,6 +34,9 @@ namespace {
 
 using detail::describe;
 using detail::Interpreter;
+using detail::loading_watchdog;
+using detail::step_timeout_ms;
+using detail::Watchdog;
 using scenarios::InvalidInput;
 
 std::string dtype_name(const scenarios::Scenario& s) { return std::string(to_string(s.dtype)); }
@@ -77,12 +81,27 @@ class PythonModel final : public harness::Model {
 
   at::Tensor logits(const harness::MicroBatch& batch) const override {
     py::gil_scoped_acquire gil;
+    // Bounded by --timeout unless a Python step's call already is (it calls this forward).
+    Watchdog watchdog(
+        [](std::chrono::milliseconds) {},
+        [this](std::chrono::milliseconds timeout) {
+          return fmt::format("run aborted: scenario '{}': model '{}' hung in forward: it ignored "
+                             "the harness's interrupt for {} ms after its {} ms timeout (hang)",
+                             origin_.scenario, origin_.where, timeout.count(), timeout.count());
+        },
+        3);
     try {
       return Interpreter::get()
           .runtime()
           .attr("model_logits")(py::handle(module_), batch.inputs, dtype_, origin_.scenario_dtype)
           .cast<at::Tensor>();
     } catch (py::error_already_set& error) {
+      if (watchdog.expired()) {
+        // As an error it raised: neither the step nor the oracle can run this model.
+        throw InvalidInput(fmt::format("scenario '{}': model '{}' did not return from forward "
+                                       "on the scenario's batches within {} ms (--timeout)",
+                                       origin_.scenario, origin_.where, step_timeout_ms.load()));
+      }
       // The module cannot run on the scenario's own batches (it passed the check on token
       // ids of zeros): neither the step nor the oracle can, so no verdict can be had.
       const auto [type, message] = describe(error, origin_.file);
@@ -153,13 +172,29 @@ std::unique_ptr<harness::Model> load_python_model(const scenarios::Scenario& s) 
   py::gil_scoped_acquire gil;
   py::module_ runtime = interpreter.runtime();
 
+  // Each call into the file's code before any row runs, bounded by --timeout: past it an
+  // input error "WHAT within N ms", past another exit 2 (watchdog.hpp).
+  auto bounded = [&](const std::string& what, auto&& call) {
+    const auto watchdog = loading_watchdog(fmt::format("scenario '{}': model '{}' {}", s.name, where, what));
+    try {
+      return call();
+    } catch (py::error_already_set&) {
+      if (watchdog->expired()) {
+        throw refuse(fmt::format("{} within {} ms (--timeout): it hangs or takes longer", what,
+                                 step_timeout_ms.load()));
+      }
+      throw;
+    }
+  };
+
   const auto source = std::make_pair(s.model_file, s.model_function);
   if (!functions.count(source)) {
     try {
-      functions[source] = runtime.attr("load_step")(s.model_file, s.model_function,
-                                                    detail::module_name_for("model", s.model_file))
-                              .release()
-                              .ptr();
+      functions[source] = bounded("did not load", [&] {
+                            return runtime.attr("load_step")(
+                                s.model_file, s.model_function,
+                                detail::module_name_for("model", s.model_file));
+                          }).release().ptr();
     } catch (py::error_already_set& error) {
       const auto [type, message] = describe(error, s.model_file);
       throw refuse(fmt::format("does not load: {}: {}", type, message));
@@ -171,25 +206,29 @@ std::unique_ptr<harness::Model> load_python_model(const scenarios::Scenario& s) 
   Built& entry = built[key];
   if (entry.prototype == nullptr) {
     try {
-      entry.prototype = runtime
-                            .attr("build_model")(py::handle(functions[source]), s.model_file,
-                                                 where, s.vocab_size, s.hidden_size,
-                                                 s.sequence_length, s.seed)
-                            .release()
-                            .ptr();
+      entry.prototype = bounded("was not built", [&] {
+                          return runtime.attr("build_model")(
+                              py::handle(functions[source]), s.model_file, where, s.vocab_size,
+                              s.hidden_size, s.sequence_length, s.seed);
+                        }).release().ptr();
     } catch (py::error_already_set& error) {
       const auto [type, message] = describe(error, s.model_file);
       built.erase(key);
       throw refuse(fmt::format("could not be built with vocab_size={}, hidden_size={}, "
                                "sequence_length={}: {}: {}",
                                s.vocab_size, s.hidden_size, s.sequence_length, type, message));
+    } catch (...) {
+      built.erase(key);
+      throw;
     }
   }
 
   const std::string dtype = dtype_name(s);
   py::object copy;
   try {
-    copy = runtime.attr("model_copy")(py::handle(entry.prototype), dtype);
+    copy = bounded("was not copied", [&] {
+      return runtime.attr("model_copy")(py::handle(entry.prototype), dtype);
+    });
   } catch (py::error_already_set& error) {
     const auto [type, message] = describe(error, s.model_file);
     throw refuse(fmt::format("cannot be copied and converted to {}: {}: {}", dtype, type, message));
@@ -224,9 +263,15 @@ std::unique_ptr<harness::Model> load_python_model(const scenarios::Scenario& s) 
     at::Tensor logits;
     try {
       at::NoGradGuard no_grad;
-      const py::object module = as == dtype ? model->module()
-                                            : runtime.attr("model_copy")(model->module(), as);
-      logits = runtime.attr("model_logits")(module, ids, as, dtype).cast<at::Tensor>();
+      logits = bounded(fmt::format("did not run forward(token ids {}) with {} parameters",
+                                   shape_of(ids), as),
+                       [&] {
+                         const py::object module =
+                             as == dtype ? model->module()
+                                         : runtime.attr("model_copy")(model->module(), as);
+                         return runtime.attr("model_logits")(module, ids, as, dtype);
+                       })
+                   .cast<at::Tensor>();
     } catch (py::error_already_set& error) {
       const auto [type, message] = describe(error, s.model_file);
       throw refuse(fmt::format("cannot run forward(token ids {}) with {} parameters{}: {}: {}",

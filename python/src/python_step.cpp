@@ -11,6 +11,7 @@
 
 #include "interpreter.hpp"
 #include "python_model.hpp"
+#include "watchdog.hpp"
 
 #include <pybind11/stl.h>
 
@@ -51,6 +52,9 @@ using detail::exception_of;
 using detail::Interpreter;
 using detail::Interrupted;
 using detail::TorchCallError;
+using detail::Watchdog;
+using detail::loading_watchdog;
+using detail::step_timeout_ms;
 using scenarios::InvalidInput;
 
 std::string scenario_dtype(const scenarios::Scenario& s) { return std::string(to_string(s.dtype)); }
@@ -284,84 +288,6 @@ struct LoadedStep {
   throw harness::StepError(type, message);
 }
 
-std::atomic<long> step_timeout_ms{60'000};
-
-// Bounds a call into user code (a step, its module's import, its cannot_run) by --timeout:
-// when the time is up it runs `on_expiry` (without the GIL) and raises HarnessInterrupt in
-// the calling thread (the interpreter checks for it between bytecodes), again every 100 ms:
-// code may catch BaseException once, not forever. Code blocked inside one C call (time.sleep,
-// a lock) notices only when that call returns; code that still runs another timeout later
-// cannot be stopped from outside its thread, so the process ends as a supervisor would end
-// it, printing `give_up` and exiting with `give_up_status`. Built and destroyed with the GIL
-// held.
-class Watchdog {
- public:
-  Watchdog(std::function<void(std::chrono::milliseconds)> on_expiry,
-           std::function<std::string(std::chrono::milliseconds)> give_up, int give_up_status)
-      : on_expiry_(std::move(on_expiry)),
-        give_up_(std::move(give_up)),
-        give_up_status_(give_up_status),
-        python_thread_(PyThread_get_thread_ident()) {
-    thread_ = std::thread([this] { watch(); });
-  }
-  ~Watchdog() {
-    {
-      py::gil_scoped_release unlocked;  // the watchdog may be waiting for the GIL
-      {
-        std::lock_guard lock(mutex_);
-        done_ = true;
-      }
-      done_cv_.notify_all();
-      thread_.join();
-    }
-    // An interrupt that arrived as the call returned must not fire in later Python code.
-    PyThreadState_SetAsyncExc(python_thread_, nullptr);
-  }
-  Watchdog(const Watchdog&) = delete;
-  Watchdog& operator=(const Watchdog&) = delete;
-
-  // Whether the time ran out (read after the call returned or raised).
-  [[nodiscard]] bool expired() const { return expired_.load(); }
-
- private:
-  void watch() {
-    const auto timeout = std::chrono::milliseconds(step_timeout_ms.load());
-    std::unique_lock lock(mutex_);
-    if (done_cv_.wait_for(lock, timeout, [this] { return done_; })) return;
-    expired_ = true;
-    on_expiry_(timeout);
-    const auto give_up = std::chrono::steady_clock::now() + timeout;
-    while (!done_) {
-      if (std::chrono::steady_clock::now() > give_up) {
-        std::fprintf(stderr, "gradnorm: %s\n", give_up_(timeout).c_str());
-        std::fflush(stderr);
-        std::_Exit(give_up_status_);
-      }
-      lock.unlock();
-      {
-        py::gil_scoped_acquire gil;
-        std::lock_guard check(mutex_);
-        if (!done_) {
-          PyThreadState_SetAsyncExc(python_thread_,
-                                    Interpreter::get().runtime().attr("HarnessInterrupt").ptr());
-        }
-      }
-      lock.lock();
-      done_cv_.wait_for(lock, std::chrono::milliseconds(100), [this] { return done_; });
-    }
-  }
-
-  std::function<void(std::chrono::milliseconds)> on_expiry_;
-  std::function<std::string(std::chrono::milliseconds)> give_up_;
-  int give_up_status_;
-  unsigned long python_thread_;
-  std::atomic<bool> expired_{false};
-  std::mutex mutex_;
-  std::condition_variable done_cv_;
-  bool done_ = false;
-  std::thread thread_;
-};
-
 // A step that does not return in time: its rank's error ("hung"), and past another timeout
 // exit 3 with the rank named.
 std::unique_ptr<Watchdog> step_watchdog(RankHandle& handle, int rank) {
@@ -376,20 +302,6 @@ std::unique_ptr<Watchdog> step_watchdog(RankHandle& handle, int rank) {
                            rank, timeout.count(), timeout.count());
       },
       3);
-}
-
-// The step's module importing, or its cannot_run answering, before any rank runs: past the
-// timeout an input error naming the file (`what`: "did not load", ...), and past another
-// exit 2 with the same words.
-std::unique_ptr<Watchdog> loading_watchdog(const std::string& file, const std::string& what) {
-  return std::make_unique<Watchdog>(
-      [](std::chrono::milliseconds) {},
-      [file, what](std::chrono::milliseconds timeout) {
-        return fmt::format("Python step '{}' {} within {} ms (--timeout) and ignored the "
-                           "harness's interrupt for {} ms more: stopped before any rank ran",
-                           file, what, timeout.count(), timeout.count());
-      },
-      2);
 }
 
 // The harness is inside a call of the step for this object's life.
@@ -485,7 +397,7 @@ const LoadedStep& load(const StepSource& source) {
     const std::string module_name = detail::module_name_for("step", source.file);
     py::object function;
     {
-      const auto watchdog = loading_watchdog(source.file, "did not load");
+      const auto watchdog = loading_watchdog(fmt::format("Python step '{}' did not load", source.file));
       try {
         function = runtime.attr("load_step")(source.file, source.function, module_name);
       } catch (py::error_already_set&) {
@@ -521,7 +433,7 @@ const LoadedStep& load(const StepSource& source) {
 std::optional<std::string> ask_cannot_run(const LoadedStep& step, const scenarios::Scenario& s) {
   if (step.cannot_run == nullptr) return std::nullopt;
   py::gil_scoped_acquire gil;
-  const auto watchdog = loading_watchdog(step.file, "cannot_run did not answer on scenario '" + s.name + "'");
+  const auto watchdog = loading_watchdog(fmt::format("Python step '{}': cannot_run did not answer on scenario '{}'", step.file, s.name));
   try {
     py::object why;
     try {
@@ -576,7 +488,7 @@ StepSource parse_step_source(const std::string& text) {
   return out;
 }
 
-void set_step_timeout(std::chrono::milliseconds timeout) { step_timeout_ms = timeout.count(); }
+void set_step_timeout(std::chrono::milliseconds timeout) { detail::step_timeout_ms = timeout.count(); }
 
 namespace {
 
@@ -752,8 +664,23 @@ const LoadedStep& load_recipe(const RecipeVariant& variant, std::string& name,
   auto* step = new LoadedStep{};
   step->keeps_thread_state = true;
   try {
-    const py::tuple loaded = interpreter.recipes().attr("load_recipe")(
-        framework, target, variant.args, detail::module_name_for("recipe", target));
+    py::tuple loaded;
+    {
+      // The recipe's module (a user's file, or the framework's) imports here.
+      const auto watchdog = loading_watchdog(fmt::format("--recipe {} did not load", variant.spec));
+      try {
+        loaded = interpreter.recipes().attr("load_recipe")(
+            framework, target, variant.args, detail::module_name_for("recipe", target));
+      } catch (py::error_already_set&) {
+        if (watchdog->expired()) {
+          delete step;
+          throw InvalidInput(fmt::format("--recipe {} did not load within {} ms (--timeout): its "
+                                         "import hangs or takes longer",
+                                         variant.spec, step_timeout_ms.load()));
+        }
+        throw;
+      }
+    }
     step->file = loaded[0].cast<std::string>();
     step->function = py::object(loaded[1]).release().ptr();
     step->cannot_run = py::object(loaded[2]).release().ptr();

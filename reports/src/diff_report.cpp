@@ -255,7 +255,15 @@ json read_json_report(const std::string& path) {
   // nlohmann keeps the last of two equal keys; a report with one twice is refused instead.
   std::vector<std::set<std::string>> keys;
   std::string twice;
-  const json::parser_callback_t unique_keys = [&](int, json::parse_event_t event, json& parsed) {
+  // A report nests 5 levels; copying a record nested 100,000 deep overflowed the stack (diff
+  // copies the rows it compares, recursively). Deeper than 64 is refused.
+  constexpr int kMaxDepth = 64;
+  bool too_deep = false;
+  const json::parser_callback_t unique_keys = [&](int depth, json::parse_event_t event, json& parsed) {
+    if (depth >= kMaxDepth && (event == json::parse_event_t::object_start ||
+                               event == json::parse_event_t::array_start)) {
+      too_deep = true;
+    }
     if (event == json::parse_event_t::object_start) keys.emplace_back();
     if (event == json::parse_event_t::object_end && !keys.empty()) keys.pop_back();
     if (event == json::parse_event_t::key && !keys.empty() && !keys.back().insert(parsed.get<std::string>()).second &&
@@ -266,12 +274,20 @@ json read_json_report(const std::string& path) {
   };
   try {
     json parsed = json::parse(text, unique_keys);
+    if (too_deep) {
+      throw scenarios::InvalidInput(fmt::format("'{}' nests objects or arrays more than {} levels "
+                                                "deep: not a gradnorm report (one nests 5)",
+                                                path, kMaxDepth));
+    }
     if (!twice.empty()) {
       throw scenarios::InvalidInput(fmt::format("'{}' has the key \"{}\" twice in one object", path, twice));
     }
     return parsed;
   } catch (const json::parse_error& error) {
     throw scenarios::InvalidInput(fmt::format("'{}' is not JSON: {}", path, error.what()));
+  } catch (const json::exception& error) {
+    // A number beyond a double (1e999) is out_of_range, not a parse error: still the file's.
+    throw scenarios::InvalidInput(fmt::format("'{}' cannot be read: {}", path, error.what()));
   }
 }
 

@@ -10,12 +10,14 @@
 #include <fmt/format.h>
 
 #include <cstdlib>
+#include <unistd.h>
 #include <filesystem>
 #include <memory>
 #include <vector>
 
 #include "command_line.hpp"
 #include "gradnorm/harness/communicator.hpp"
+#include "gradnorm/harness/descendants.hpp"
 #include "gradnorm/harness/runner.hpp"
 #include "gradnorm/python/python_step.hpp"
 #include "process_supervisor.hpp"
@@ -58,6 +60,22 @@ int run_commands(int argc, char** argv, CommandAdder add_fuzz) {
   struct HoldInterpreterAtReturn {
     ~HoldInterpreterAtReturn() { python::hold_interpreter_until_exit(); }
   } hold_at_return;
+  // What the code under test started and left running ends with the command (declared after
+  // hold_at_return, so it runs first). A forked copy of this process that returned here ends
+  // only its own.
+  harness::adopt_orphans();
+  struct EndDescendantsAtReturn {
+    pid_t owner = getpid();
+    ~EndDescendantsAtReturn() {
+      if (getpid() != owner) return;
+      if (const int ended = harness::end_descendants(); ended > 0) {
+        fmt::print(stderr,
+                   "gradnorm: ended {} process{} that the code under test started and left "
+                   "running: {} (docs/reliability.md)\n",
+                   ended, ended == 1 ? "" : "es", harness::ended_descendants_named());
+      }
+    }
+  } end_descendants_at_return;
   // Rank processes make their c10d Gloo groups through torch.distributed (gloo_groups.hpp);
   // models from Python files are built by the same interpreter (harness/model.hpp).
   python::install_gloo_groups();

@@ -43,13 +43,27 @@ std::string log_text(const std::filesystem::path& path) {
   return out;
 }
 
+// The last `count` lines of a rank's log; where Python's faulthandler reported a fatal signal
+// (user code that crashed the process: it ends with the list of extension modules), its
+// first line and the `count` innermost frames of the crashed thread instead.
 std::string last_lines(const std::filesystem::path& path, std::size_t count) {
   std::ifstream file(path);
-  std::vector<std::string> lines;
+  std::vector<std::string> lines, fatal;
+  bool in_fatal_stack = false;
   for (std::string line; std::getline(file, line);) {
     if (line.rfind("[W ", 0) == 0) continue;  // LibTorch's warnings
+    if (line.rfind("Fatal Python error: ", 0) == 0 && fatal.empty()) {
+      fatal.push_back(line);
+    } else if (!fatal.empty() && line.find("(most recent call first):") != std::string::npos) {
+      in_fatal_stack = fatal.size() == 1;
+    } else if (in_fatal_stack && line.rfind("  File ", 0) == 0 && fatal.size() <= count) {
+      fatal.push_back(line.substr(2));
+    } else {
+      in_fatal_stack = in_fatal_stack && line.rfind("  ", 0) == 0;
+    }
     lines.push_back(line);
   }
+  if (!fatal.empty()) return fmt::format("{}", fmt::join(fatal, "\n    "));
   if (lines.size() > count) lines.erase(lines.begin(), lines.end() - static_cast<long>(count));
   return fmt::format("{}", fmt::join(lines, "\n    "));
 }

@@ -7,6 +7,7 @@
 
 #include <filesystem>
 
+#include "gradnorm/harness/descendants.hpp"
 #include "gradnorm/reports/report.hpp"
 #include "gradnorm/scenarios/files.hpp"
 #include "gradnorm/scenarios/scenario.hpp"
@@ -29,6 +30,7 @@ bool same_file(const std::string& a, const std::string& b) {
 
 void on_signal(int signal) {
   reports::remove_partial_report();
+  harness::end_descendants();
   ::signal(signal, SIG_DFL);
   ::raise(signal);
 }
@@ -67,8 +69,11 @@ void remove_partial_reports_on_signals() {
   sigemptyset(&action.sa_mask);
   for (int signal : {SIGINT, SIGTERM, SIGHUP}) {
     struct sigaction previous {};
-    // A handler someone else installed (the supervisor's) is left in place.
-    if (::sigaction(signal, nullptr, &previous) == 0 && previous.sa_handler == SIG_DFL) {
+    // A handler someone else installed (the supervisor's) is left in place; SIG_IGN is not:
+    // a shell starts a background job (`gradnorm run ... &`) with SIGINT
+    // ignored, and the run went on to its end (exit 1, a report) where rank processes gave 130.
+    if (::sigaction(signal, nullptr, &previous) == 0 &&
+        (previous.sa_handler == SIG_DFL || previous.sa_handler == SIG_IGN)) {
       ::sigaction(signal, &action, nullptr);
     }
   }
