@@ -792,6 +792,14 @@ def build_model(function, path, name, vocab_size, hidden_size, sequence_length, 
     return module
 
 
+def sparse_gradient_modules(module):
+    """The submodules whose weight gets a sparse gradient (Embedding or EmbeddingBag built
+    with sparse=True), as "NAME (TYPE)"."""
+    kinds = (torch.nn.Embedding, torch.nn.EmbeddingBag)
+    return ["%s (%s)" % (name or "the model", type(m).__name__)
+            for name, m in module.named_modules() if isinstance(m, kinds) and m.sparse]
+
+
 def model_copy(module, dtype):
     """A deep copy of ``module`` with its floating parameters and buffers in ``dtype``
     ('float64', 'float32', 'bfloat16'): each rank's model, and the oracle's float64 twin."""

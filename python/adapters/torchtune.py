@@ -35,6 +35,7 @@ listed in ``REPLACED`` and in docs/frameworks.md.
 
 import functools
 import os
+import sys
 import tempfile
 
 import torch
@@ -310,12 +311,33 @@ class Recipe:
                 return bar(*args, **kwargs)
             self.module.tqdm = quiet_bar
         from omegaconf import OmegaConf
+        for arg in self.args:
+            # OmegaConf takes "foo" as foo=None and "=1" as an empty key; tune run's overrides
+            # are KEY=VALUE, as Trainer's --recipe-arg are.
+            if "=" not in arg or not arg.split("=", 1)[0].strip():
+                raise ValueError("--recipe-arg %s: expected KEY=VALUE (a config key, dotted, "
+                                 "as tune run takes it: optimizer.lr=2e-5)" % arg)
         try:
             self.overrides = OmegaConf.from_dotlist(self.args)
         except Exception as error:  # OmegaConf's own grammar errors
             raise ValueError("--recipe-arg: %s" % error) from None
         for key in self.args:
             _check_override(key.split("=", 1)[0].strip())
+        self._warn_unread(text)
+
+    def _warn_unread(self, text):
+        """tune run takes a config key no recipe reads and says nothing (a typo,
+        optimizer.lr vs. optimzer.lr, trains as if it were not there): warned here, naming
+        the key, when the recipe's source never names its first part."""
+        import re
+        for arg in self.args:
+            key = arg.split("=", 1)[0].strip()
+            top = key.split(".", 1)[0]
+            if top in _OWNED or re.search(r"\b%s\b" % re.escape(top), text):
+                continue
+            sys.stderr.write("gradnorm: warning: --recipe-arg %s: %s never reads a config key "
+                             "'%s' (tune run would take it silently too): a typo?\n"
+                             % (arg, os.path.basename(self.file), top))
 
     def cannot_run(self, scenario):
         if scenario["model"] != "python":
@@ -472,12 +494,13 @@ class _Run(_gf.GreenletRun):
                                  getattr(self.model_function, "torchtune_config", None))
         try:
             instance = self.recipe.cls(cfg=cfg)
-        except _gt.GradnormUnsupported:
-            raise
-        except Exception as error:
-            # The recipe's constructor validates its configuration (torchtune raises there for
-            # combinations it does not support): a refusal, like a reference's, cited where
-            # the recipe raised it.
+        except (_gt.GradnormUnsupported, MemoryError, RecursionError):
+            raise  # the process ran out of something: not a refusal of the configuration
+        except (ValueError, RuntimeError) as error:
+            # The recipe's constructor validates its configuration (torchtune 0.6.1's recipes
+            # raise ValueError or RuntimeError there, 45 times, for combinations they do not
+            # support): a refusal, like a reference's, cited where the recipe raised it. Any
+            # other exception (a NameError in a copied recipe) is the recipe's error.
             raise _gt.Refusal("%s (at %s)" % (_gt._message_of(error),
                                               _gt.where_raised(error, self.recipe.file))) from error
         instance.setup(cfg=cfg)

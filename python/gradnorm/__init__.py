@@ -28,11 +28,12 @@ __all__ = ["run", "Report", "Row", "GradnormError", "NormalisationError", "repro
 
 # The exit statuses of `gradnorm` (tools/src/cli.cpp): 0 and 1 carry a report.
 EXIT_AS_EXPECTED, EXIT_VERDICT, EXIT_USAGE, EXIT_RANK_FAILED, EXIT_INTERNAL = 0, 1, 2, 3, 70
+EXIT_WRITE_FAILED = 74
 
 
 class GradnormError(RuntimeError):
-    """gradnorm did not judge: bad input (exit 2), a rank failed (3), a bug in gradnorm (70), or
-    the process was killed. `returncode`, `stderr` and `command` say which and why."""
+    """gradnorm did not judge: bad input (exit 2), a rank failed (3), a bug in gradnorm (70), a
+    report it could not write (74), or the process was killed. `returncode`, `stderr` and `command` say which and why."""
 
     def __init__(self, message, returncode=None, stderr="", command=()):
         super().__init__(message)
@@ -234,7 +235,8 @@ def run(*, step=None, recipe=None, recipe_args=None, recipe_model=None, files=()
                               stderr=subprocess.PIPE, text=True, errors="replace", check=False)
         if done.returncode not in (EXIT_AS_EXPECTED, EXIT_VERDICT) or not os.path.exists(path):
             meaning = {EXIT_USAGE: "bad input", EXIT_RANK_FAILED: "a rank failed",
-                       EXIT_INTERNAL: "an internal error (a bug in gradnorm)"}.get(
+                       EXIT_INTERNAL: "an internal error (a bug in gradnorm)",
+                       EXIT_WRITE_FAILED: "the report could not be written"}.get(
                 done.returncode,
                 f"killed by signal {-done.returncode}" if done.returncode < 0 else "no report")
             tail = "\n".join(done.stderr.strip().splitlines()[-20:])

@@ -253,6 +253,15 @@ std::unique_ptr<harness::Model> load_python_model(const scenarios::Scenario& s) 
     any_trainable = any_trainable || p.trainable;
   }
   if (model->parameters().empty()) throw refuse("has no parameters: nothing to train");
+  // A sparse gradient reached the harness's optimizer as an internal error (exit 70: "add(sparse,
+  // dense) is not supported").
+  if (const auto sparse = runtime.attr("sparse_gradient_modules")(model->module()).cast<std::vector<std::string>>();
+      !sparse.empty()) {
+    throw refuse(fmt::format("has {} built with sparse=True: its gradient is a sparse tensor, and "
+                             "gradnorm's optimizer, clip and oracle take dense ones (build it "
+                             "with sparse=False)",
+                             fmt::join(sparse, ", ")));
+  }
   if (!any_trainable) throw refuse("has no parameter that requires grad: nothing to train");
   const at::Tensor ids =
       at::zeros({s.micro_batch_size, s.sequence_length}, at::TensorOptions().dtype(at::kLong));

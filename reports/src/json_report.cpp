@@ -137,7 +137,7 @@ void remove_partial_report() noexcept {
 
 void write_file_atomically(const std::string& given, const std::string& text) {
   auto fail = [&given](const std::string& why) {
-    return scenarios::InvalidInput("cannot write '" + given + "': " + why);
+    return ReportWriteError("cannot write '" + given + "': " + why);
   };
   // Checked again at write time (the commands check before any work): what is not a regular
   // file is never replaced, and a symbolic link to one is written through, not replaced.

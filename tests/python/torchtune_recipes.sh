@@ -86,6 +86,34 @@ expect "generate: exit 2" generate.txt
 echo "owned: exit $?" >> owned.txt
 expect "--recipe-arg batch_size: the scenario decides batch_size (micro_batch_size)" owned.txt
 expect "owned: exit 2" owned.txt
+# A malformed override (OmegaConf took "foo" as foo=None, "=1" as an empty key: exit 0), as
+# Trainer's --recipe-arg already was: exit 2 naming it.
+for bad in foo =1; do
+  "$gradnorm" run --recipe torchtune:full_finetune_single_device --recipe-arg "$bad" \
+    -s single/n3/float32 > malformed.txt 2>&1
+  echo "malformed: exit $?" >> malformed.txt
+  expect "--recipe-arg $bad: expected KEY=VALUE" malformed.txt
+  expect "malformed: exit 2" malformed.txt
+done
+# A key the recipe never reads (a typo tune run takes silently too) is warned about; the
+# run goes on. Control: a key the recipe reads (loss, below) is not.
+"$gradnorm" run --recipe torchtune:full_finetune_single_device --recipe-arg optimzer.lr=1 \
+  -s single/n3/float32 > typo.txt 2>&1
+echo "typo: exit $?" >> typo.txt
+expect "warning: --recipe-arg optimzer.lr=1: full_finetune_single_device.py never reads a config key 'optimzer'" typo.txt
+expect "typo: exit 0" typo.txt
+# A recipe constructor that runs out of memory or recursion did not refuse the configuration:
+# recorded as its own error type, where it read as a "refusal" (what a reference's refusal is
+# matched against). Control: a ValueError there is one.
+recipe=$("$python" -W ignore -c 'import os, torchtune; print(os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(torchtune.__file__))), "recipes", "full_finetune_single_device.py"))')
+for raised in MemoryError RecursionError ValueError; do
+  sed "/def __init__(self, cfg: DictConfig) -> None:/a\\        raise $raised('in __init__')" "$recipe" > "init_$raised.py"
+  "$gradnorm" run --recipe "torchtune:init_$raised.py" -s single/n3/float32 > "init_$raised.txt" 2>&1
+  echo "init: exit $?" >> "init_$raised.txt"
+done
+expect "raised MemoryError (in __init__ (at" init_MemoryError.txt
+expect "raised RecursionError (in __init__ (at" init_RecursionError.txt
+expect "raised refusal (in __init__ (at" init_ValueError.txt
 "$gradnorm" run --recipe torchtune:full_finetune_distributed -s dist/5-3/float32 > threads.txt 2>&1
 echo "threads: exit $?" >> threads.txt
 expect "needs a torch.distributed process group, which gradnorm's ranks have only as processes" threads.txt
@@ -97,6 +125,9 @@ expect "threads: exit 2" threads.txt
 echo "chunked: exit $?" >> chunked.txt
 row tiny_llama/single/n3/float32 "$single" pass chunked.txt
 expect "chunked: exit 0" chunked.txt
+if grep -q "never reads a config key" chunked.txt; then
+  echo "FAIL: a key the recipe reads (loss) was warned about"; failed=1
+fi
 
 # Recipes named as [[variant]] tables in a scenario file, one with config overrides.
 "$gradnorm" run -f "$source_dir/examples/torchtune/recipe_variants.toml" -v baseline > file.txt 2>&1

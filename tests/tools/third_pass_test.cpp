@@ -371,5 +371,68 @@ TEST(CrashesAndStatuses, ReportsNestedWithoutEndOrWithHugeNumbersAreInputErrors)
   EXPECT_EQ(run_cli(same).exit_code, 0);
 }
 
+// An nn.Embedding(sparse=True) gave an internal error (exit 70: "add(sparse, dense) is not
+// supported") from the harness's optimizer. Its gradient is sparse, which nothing downstream
+// takes: refused before any row runs, naming the module.
+TEST(CrashesAndStatuses, AModelWithASparseGradientIsRefusedNamingTheModule) {
+  TemporaryDirectory folder("gradnorm-sparse");
+  write_file(folder.path() / "sparse.py",
+             "from torch import nn\n"
+             "class M(nn.Module):\n"
+             "    def __init__(self, V, H, sparse):\n"
+             "        super().__init__()\n"
+             "        self.embed = nn.Embedding(V, H, sparse=sparse)\n"
+             "        self.head = nn.Linear(H, V)\n"
+             "    def forward(self, t):\n"
+             "        return self.head(self.embed(t))\n"
+             "def sparse(vocab_size, hidden_size, sequence_length):\n"
+             "    return M(vocab_size, hidden_size, True)\n"
+             "def dense(vocab_size, hidden_size, sequence_length):\n"
+             "    return M(vocab_size, hidden_size, False)\n");
+  for (const std::string function : {"sparse", "dense"}) {
+    write_file(folder.path() / (function + ".toml"),
+               "[[scenario]]\nname = \"sp\"\nvalid_tokens = [[5, 3]]\nmodel = \"python:sparse.py:" +
+                   function + "\"\nhidden_size = 8\n");
+  }
+  const std::string cd = "cd " + shell_quote(folder.path().string());
+  expect_exit({"run", "-q", "-v", "baseline", "-f", "sparse.toml"}, 2,
+              "has embed (Embedding) built with sparse=True: its gradient is a sparse tensor", cd);
+  expect_exit({"run", "-q", "-v", "baseline", "-f", "dense.toml"}, 0, "1 pass", cd);  // control
+}
+
+// A report that could not be written once the run was done (a full file system, its folder
+// removed meanwhile) was exit 2, "an input error, before anything runs". It is exit 74 now, saying
+// so; nothing half-written is left.
+TEST(CrashesAndStatuses, AReportThatCannotBeWrittenAfterTheRunHasItsOwnStatus) {
+  TemporaryDirectory folder("gradnorm-write");
+  const fs::path reports = folder.path() / "reports";
+  fs::create_directories(reports);
+  const std::string step = write_file(
+      folder.path() / "removes.py",
+      "import runpy, shutil\n"
+      "_baseline = runpy.run_path(" + shell_quote(GRADNORM_SOURCE_DIR "/examples/python/full_finetune.py") + ")\n"
+      "def step(ctx):\n"
+      "    shutil.rmtree(" + shell_quote(reports.string()) + ", ignore_errors=True)\n"
+      "    return _baseline['step'](ctx)\n");
+  const std::string json = (reports / "r.json").string();
+  expect_exit({"run", "-q", "--python-step", step, "--findings-of", "baseline", "-s", "single/n3/float32", "--json", json},
+              74, "cannot write '" + json + "'");
+  EXPECT_FALSE(fs::exists(reports));
+  // A full file system, where this machine lets the test mount a 64 KiB one (CI's does).
+  const fs::path small = folder.path() / "small";
+  fs::create_directories(small);
+  if (run_shell("mount -t tmpfs -o size=64k tmpfs " + shell_quote(small.string()) + " 2>/dev/null").exit_code == 0) {
+    run_shell("dd if=/dev/zero of=" + shell_quote((small / "fill").string()) + " bs=4k count=15 2>/dev/null");
+    expect_exit({"run", "-q", "-s", "single/n3/float32", "--json", (small / "r.json").string()}, 74,
+                "No space left on device (after the run: nothing was written)");
+    EXPECT_FALSE(fs::exists(small / "r.json"));
+    run_shell("umount " + shell_quote(small.string()));
+  }
+  // Control: the same run with its folder in place writes its report.
+  fs::create_directories(reports);
+  expect_exit({"run", "-q", "-s", "single/n3/float32", "-v", "baseline", "--json", json}, 0, "1 pass");
+  EXPECT_TRUE(fs::exists(json));
+}
+
 }  // namespace
 }  // namespace gradnorm

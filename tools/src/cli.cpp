@@ -1,7 +1,8 @@
 // gradnorm: runs named scenarios x registered steps against the float64 oracle. Exit codes:
 // 0 every row as expected, 1 some verdict was not what was expected, 2 usage or input
 // error, 3 a rank failed (threw outside the recipe, exited or hung; the rank is named),
-// 70 an internal error (a gradnorm bug: EX_SOFTWARE of sysexits.h). Each subcommand lives
+// 70 an internal error (a gradnorm bug: EX_SOFTWARE of sysexits.h), 74 a report that could
+// not be written once the work was done (EX_IOERR: a full disk). Each subcommand lives
 // in a file of its own (tools/src/commands/); this one builds the command line from them,
 // runs the one chosen and turns what it throws into the exit status.
 #include "gradnorm/tools/cli.hpp"
@@ -10,16 +11,18 @@
 #include <fmt/format.h>
 
 #include <cstdlib>
-#include <unistd.h>
 #include <filesystem>
 #include <memory>
 #include <vector>
+
+#include <unistd.h>
 
 #include "command_line.hpp"
 #include "gradnorm/harness/communicator.hpp"
 #include "gradnorm/harness/descendants.hpp"
 #include "gradnorm/harness/runner.hpp"
 #include "gradnorm/python/python_step.hpp"
+#include "gradnorm/reports/report.hpp"
 #include "process_supervisor.hpp"
 #include "version.hpp"
 
@@ -113,6 +116,9 @@ int run_commands(int argc, char** argv, CommandAdder add_fuzz) {
   } catch (const scenarios::InvalidInput& error) {
     fmt::print(stderr, "gradnorm: {}\n", error.what());
     return kExitUsage;
+  } catch (const reports::ReportWriteError& error) {
+    fmt::print(stderr, "gradnorm: {} (after the run: nothing was written)\n", error.what());
+    return kExitWriteFailed;
   } catch (const harness::RankExit&) {
     std::_Exit(4);  // an injected exit: vanish without a word, as a crashed rank would
   } catch (const std::filesystem::filesystem_error& error) {

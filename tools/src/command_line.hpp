@@ -20,6 +20,7 @@ constexpr int kExitAsExpected = 0;
 constexpr int kExitUnexpected = 1;
 constexpr int kExitUsage = 2;
 constexpr int kExitInternal = 70;
+constexpr int kExitWriteFailed = 74;  // reports::ReportWriteError
 
 // A file option's check (files.hpp): the message says what the path is (a folder, a FIFO, a
 // device, a symbolic link loop), where CLI::ExistingFile said "does not exist" of a loop.

@@ -281,7 +281,7 @@ int supervise(const SupervisorOptions& options) {
     if (!WIFEXITED(raw)) return false;
     const int code = WEXITSTATUS(raw);
     if (code == 0 || (rank == 0 && code == 1)) return finished_its_run(rank);
-    return rank == 0 && code == 2;
+    return rank == 0 && (code == 2 || code == 74);  // an input error, a report not written
   };
   auto cause_of = [&](std::size_t rank) {
     std::string cause = read_first_line(folder / fmt::format("status.{}", rank));

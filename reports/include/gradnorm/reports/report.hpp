@@ -4,6 +4,7 @@
 
 #include <nlohmann/json_fwd.hpp>
 
+#include <stdexcept>
 #include <string>
 #include <utility>
 #include <vector>
@@ -57,9 +58,17 @@ void count_row(Summary& summary, const oracles::EvaluationRow& row);
 
 // Writes `text` to `path` so that a reader never sees half a report: through an unnamed file
 // in the same folder, named once complete (a kill at any moment leaves nothing behind), or
-// where the file system has none, a temporary renamed into place. Throws
-// scenarios::InvalidInput naming the path on failure.
+// where the file system has none, a temporary renamed into place. Throws ReportWriteError
+// naming the path on failure.
 void write_file_atomically(const std::string& path, const std::string& text);
+
+// A report (or an export, a stream) that could not be written once the work was done: a full
+// file system, a folder removed meanwhile. Not an input error (those are found before any work,
+// exit 2): exit 74, EX_IOERR of sysexits.h.
+class ReportWriteError : public std::runtime_error {
+ public:
+  using std::runtime_error::runtime_error;
+};
 
 // Removes the named temporary a write is using, if any; async-signal-safe, for a signal
 // handler.
