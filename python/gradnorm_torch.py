@@ -792,6 +792,13 @@ def build_model(function, path, name, vocab_size, hidden_size, sequence_length, 
     return module
 
 
+def parameter_elements(module):
+    """The elements of the module's parameters (shared ones once) and buffers: what the memory
+    budget's estimate scales with."""
+    return float(sum(p.numel() for p in module.parameters())
+                 + sum(b.numel() for b in module.buffers()))
+
+
 def sparse_gradient_modules(module):
     """The submodules whose weight gets a sparse gradient (Embedding or EmbeddingBag built
     with sparse=True), as "NAME (TYPE)"."""

@@ -246,6 +246,28 @@ void set_python_model_loader(PythonModelLoader loader) {
   python_loader() = std::move(loader);
 }
 
+namespace {
+PythonModelSizer& python_sizer() {
+  static PythonModelSizer sizer;
+  return sizer;
+}
+}  // namespace
+
+void set_python_model_sizer(PythonModelSizer sizer) {
+  std::lock_guard lock(python_loader_mutex);
+  python_sizer() = std::move(sizer);
+}
+
+double model_parameter_elements(const scenarios::Scenario& scenario) {
+  if (scenario.model != scenarios::ModelKind::python) return scenarios::parameter_elements(scenario);
+  PythonModelSizer sizer;
+  {
+    std::lock_guard lock(python_loader_mutex);
+    sizer = python_sizer();
+  }
+  return sizer ? sizer(scenario) : scenarios::parameter_elements(scenario);
+}
+
 std::unique_ptr<Model> make_model(const scenarios::Scenario& scenario, ModelConfig config) {
   if (scenarios::model_from_file(config.base)) {
     TORCH_INTERNAL_ASSERT(!config.lora && !config.fake_quantize,

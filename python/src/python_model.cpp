@@ -154,7 +154,9 @@ struct Built {
 // Taken before the GIL, never while holding it: a thread holding the GIL never waits here.
 std::mutex build_mutex;
 
-std::unique_ptr<harness::Model> load_python_model(const scenarios::Scenario& s) {
+// Builds the scenario's model (once per process) and, unless `elements` asks only for its size
+// (the memory budget's, before the model check runs), checks it and returns a rank's copy.
+std::unique_ptr<harness::Model> build(const scenarios::Scenario& s, double* elements) {
   const std::string where = fmt::format("python:{}:{}", s.model_file, s.model_function);
   auto refuse = [&](const std::string& why) {
     return InvalidInput(fmt::format("scenario '{}': model '{}' {}", s.name, where, why));
@@ -221,6 +223,11 @@ std::unique_ptr<harness::Model> load_python_model(const scenarios::Scenario& s) 
       built.erase(key);
       throw;
     }
+  }
+
+  if (elements != nullptr) {
+    *elements = runtime.attr("parameter_elements")(py::handle(entry.prototype)).cast<double>();
+    return nullptr;
   }
 
   const std::string dtype = dtype_name(s);
@@ -309,6 +316,13 @@ py::object module_of(const harness::Model& model) {
 
 }  // namespace detail
 
-void install_python_models() { harness::set_python_model_loader(&load_python_model); }
+void install_python_models() {
+  harness::set_python_model_loader([](const scenarios::Scenario& s) { return build(s, nullptr); });
+  harness::set_python_model_sizer([](const scenarios::Scenario& s) {
+    double elements = 0;
+    build(s, &elements);
+    return elements;
+  });
+}
 
 }  // namespace gradnorm::python

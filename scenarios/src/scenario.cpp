@@ -273,7 +273,7 @@ double parameter_elements(const Scenario& s) {
   return 0;
 }
 
-double estimate_memory_bytes(const Scenario& s, int ranks_in_process) {
+double estimate_memory_bytes(const Scenario& s, int ranks_in_process, std::optional<double> elements) {
   // Measured peaks (RelWithDebInfo, ranks as threads): about 190 MB for LibTorch and a tiny
   // scenario; 287 bytes per float32 parameter element with one rank, 748 with four, 436 per
   // float64 element with one rank; 28 bytes per float32 logit of a micro-batch. The factors
@@ -285,7 +285,7 @@ double estimate_memory_bytes(const Scenario& s, int ranks_in_process) {
                                       (s.vocab_size + 4.0 * s.hidden_size) * (4 * width + 16);
   const double ranks = ranks_in_process;
   return 256.0 * (1 << 20) +
-         parameter_elements(s) * (shared_per_element + ranks * per_rank_per_element) +
+         elements.value_or(parameter_elements(s)) * (shared_per_element + ranks * per_rank_per_element) +
          ranks * per_rank_activations;
 }
 

@@ -434,5 +434,33 @@ TEST(CrashesAndStatuses, AReportThatCannotBeWrittenAfterTheRunHasItsOwnStatus) {
   EXPECT_TRUE(fs::exists(json));
 }
 
+// The memory budget counted a model from a file as 0 parameter elements: one with a 100 MB
+// parameter ran at 2.1 GB peak under --memory-budget 300M, one with 400 MB reached 14.5 GB
+// before it was killed. The estimate now takes the built model's own parameters and buffers,
+// before its check runs a forward, and refuses with them. Control: a budget it fits.
+TEST(CrashesAndStatuses, TheMemoryBudgetCountsAModelFromAFilesOwnParameters) {
+  TemporaryDirectory folder("gradnorm-budget");
+  write_file(folder.path() / "big.py",
+             "import torch\n"
+             "from torch import nn\n"
+             "class Big(nn.Module):\n"
+             "    def __init__(self, V, H):\n"
+             "        super().__init__()\n"
+             "        self.embed = nn.Embedding(V, H)\n"
+             "        self.head = nn.Linear(H, V)\n"
+             "        self.ballast = nn.Parameter(torch.zeros(2_000_000))\n"
+             "    def forward(self, t):\n"
+             "        return self.head(self.embed(t)) + 0 * self.ballast.sum()\n"
+             "def big(vocab_size, hidden_size, sequence_length):\n"
+             "    return Big(vocab_size, hidden_size)\n");
+  write_file(folder.path() / "big.toml",
+             "[[scenario]]\nname = \"big\"\nvalid_tokens = [[5, 3]]\nmodel = \"python:big.py:big\"\nhidden_size = 8\n");
+  const std::string cd = "cd " + shell_quote(folder.path().string());
+  // 2,000,000 + 11 x 8 + 8 x 11 + 11 elements.
+  expect_exit({"run", "-q", "-f", "big.toml", "-v", "baseline", "--memory-budget", "300M"}, 2,
+              "scenario 'big' needs about 0.8 GiB by gradnorm's estimate (2e+06 parameter elements per rank", cd);
+  expect_exit({"run", "-q", "-f", "big.toml", "-v", "baseline", "--memory-budget", "2G"}, 0, "1 pass", cd);
+}
+
 }  // namespace
 }  // namespace gradnorm

@@ -344,6 +344,33 @@ void check_before_running(const std::vector<scenarios::Scenario>& scenario_list,
       }
     }
   }
+  // Memory: ranks as threads hold every rank in this process; a rank process holds one, and
+  // the supervisor's W processes share this machine.
+  const MemoryBudget budget = memory_budget(options.memory_budget);
+  const bool one_rank = options.launcher == "env" || options.launcher == "slurm";
+  double largest = 0;
+  for (const scenarios::Scenario& s : scenario_list) {
+    const int processes = options.launcher == "processes" ? s.world_size : 1;
+    const int ranks_each = options.launcher == "threads" ? s.world_size : 1;
+    // A python: model's own parameters, from its build (once per process, before its check
+    // runs a forward): a 400 MB parameter reached 14.5 GB under a 300M budget when a model
+    // from a file counted as none.
+    const double elements = [&s] {
+      harness::DeterminismGuard one_thread;  // as the check below builds it
+      return harness::model_parameter_elements(s);
+    }();
+    const double need = processes * scenarios::estimate_memory_bytes(s, ranks_each, elements);
+    if (need > budget.bytes) {
+      throw scenarios::InvalidInput(fmt::format(
+          "scenario '{}' needs about {} by gradnorm's estimate ({:.3g} parameter elements per "
+          "rank, {} rank{} here, {} x {} x {} logits a micro-batch), more than the memory budget "
+          "of {}; make it smaller or raise --memory-budget",
+          s.name, gib(need), elements, one_rank ? 1 : s.world_size,
+          s.world_size == 1 || one_rank ? "" : "s", s.micro_batch_size,
+          s.sequence_length, s.vocab_size, budget.says));
+    }
+    largest = std::max(largest, need);
+  }
   // A model from a file is loaded, built and checked now, once per process and before any
   // row runs: a bad file is an input error, and a Python model's random draws are made
   // here, one build at a time, never beside a running step (python/src/python_model.cpp).
@@ -354,26 +381,6 @@ void check_before_running(const std::vector<scenarios::Scenario>& scenario_list,
       harness::DeterminismGuard one_thread;
       harness::check_model_is_a_function(s, *harness::make_model(s, harness::ModelConfig{s.model}));
     }
-  }
-  // Memory: ranks as threads hold every rank in this process; a rank process holds one, and
-  // the supervisor's W processes share this machine.
-  const MemoryBudget budget = memory_budget(options.memory_budget);
-  const bool one_rank = options.launcher == "env" || options.launcher == "slurm";
-  double largest = 0;
-  for (const scenarios::Scenario& s : scenario_list) {
-    const int processes = options.launcher == "processes" ? s.world_size : 1;
-    const int ranks_each = options.launcher == "threads" ? s.world_size : 1;
-    const double need = processes * scenarios::estimate_memory_bytes(s, ranks_each);
-    if (need > budget.bytes) {
-      throw scenarios::InvalidInput(fmt::format(
-          "scenario '{}' needs about {} by gradnorm's estimate ({:.3g} parameter elements per "
-          "rank, {} rank{} here, {} x {} x {} logits a micro-batch), more than the memory budget "
-          "of {}; make it smaller or raise --memory-budget",
-          s.name, gib(need), scenarios::parameter_elements(s), one_rank ? 1 : s.world_size,
-          s.world_size == 1 || one_rank ? "" : "s", s.micro_batch_size,
-          s.sequence_length, s.vocab_size, budget.says));
-    }
-    largest = std::max(largest, need);
   }
   // Scenarios judged at once share the budget; fewer at once change no result (design §8).
   if (workers != nullptr && largest > 0) {

@@ -90,4 +90,13 @@ void check_model_is_a_function(const scenarios::Scenario& scenario, const Model&
 using PythonModelLoader = std::function<std::unique_ptr<Model>(const scenarios::Scenario&)>;
 void set_python_model_loader(PythonModelLoader loader);
 
+// The elements of a python: model's parameters and buffers, from the model its function builds
+// (built once, unchecked): what the memory budget's estimate scales with. Set beside the loader.
+using PythonModelSizer = std::function<double(const scenarios::Scenario&)>;
+void set_python_model_sizer(PythonModelSizer sizer);
+
+// The parameter elements a rank's model holds: the built model's for a python: model, the
+// shapes' (scenarios::parameter_elements) otherwise.
+[[nodiscard]] double model_parameter_elements(const scenarios::Scenario& scenario);
+
 }  // namespace gradnorm::harness

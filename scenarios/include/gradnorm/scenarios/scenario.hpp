@@ -147,14 +147,17 @@ void validate(const Scenario& scenario);
 
 // Trainable and frozen parameter elements of the scenario's model, per rank (a TorchScript
 // model's from its archive's size, at four bytes an element; a Python model's are known
-// only once its function has run, and count as none here).
+// only once its function has run, and count as none here: harness::model_parameter_elements
+// builds it).
 [[nodiscard]] double parameter_elements(const Scenario& scenario);
 // An upper estimate, in bytes, of the memory one process takes to run the scenario with
 // `ranks_in_process` of its ranks in it (all of them as threads, one as a rank process):
 // LibTorch's own footprint, then per parameter element the model, its gradients, optimizer
 // state, snapshots and the float64 oracle's copies, and per rank one micro-batch's
-// activations. Calibrated against measured peaks (docs/design.md §12).
-[[nodiscard]] double estimate_memory_bytes(const Scenario& scenario, int ranks_in_process);
+// activations. Calibrated against measured peaks (docs/design.md §12). `elements` replaces
+// parameter_elements where the built model is known (harness::model_parameter_elements).
+[[nodiscard]] double estimate_memory_bytes(const Scenario& scenario, int ranks_in_process,
+                                           std::optional<double> elements = std::nullopt);
 
 // One line that reads as the scenario: used by rapidcheck and by reports.
 [[nodiscard]] std::string describe(const Scenario& scenario);
