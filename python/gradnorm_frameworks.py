@@ -93,7 +93,25 @@ def load_recipe(framework, target, args, module_name):
     if load is None:
         raise ValueError("--recipe %s:%s: unknown framework '%s' (known: %s)"
                          % (framework, target, framework, ", ".join(_ADAPTERS)))
+    _require_greenlet(framework, target)
     return load(target, args, module_name, framework)
+
+
+def _require_greenlet(framework, target):
+    """Imports greenlet (what GreenletRun runs framework code in) before the user's files, and
+    checks it is the package: a greenlet.py of the user's on the path made every row an
+    ImportError read as the recipe's verdict. Once imported, no later folder shadows it."""
+    try:
+        import greenlet
+    except ImportError as error:
+        raise ImportError("--recipe %s:%s: gradnorm runs framework code in a greenlet, and "
+                          "greenlet does not import here (%s); scripts/install-deps.sh installs "
+                          "requirements.txt's pins" % (framework, target, error)) from None
+    if not (hasattr(greenlet, "greenlet") and hasattr(greenlet, "getcurrent")):
+        raise ImportError("--recipe %s:%s: 'greenlet' here is %s, not the greenlet package "
+                          "gradnorm runs framework code in: a file of yours shadows it (rename it, "
+                          "or take its folder off the path)"
+                          % (framework, target, getattr(greenlet, "__file__", "a module")))
 
 
 # --- a user's loop function ------------------------------------------------------------------

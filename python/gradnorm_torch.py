@@ -789,6 +789,12 @@ def build_model(function, path, name, vocab_size, hidden_size, sequence_length, 
     if not isinstance(module, torch.nn.Module):
         raise TypeError("%s returned %s, not a torch.nn.Module"
                         % (name, type(module).__name__))
+    if isinstance(module, torch.jit.ScriptModule):
+        # Its forward is TorchScript, which deep copies and dtype conversions handle apart
+        # from the module's Python (error rows on every scenario).
+        raise TypeError("%s returned a TorchScript module (torch.jit.script or trace): save it "
+                        "with torch.jit.save and name it with model = \"torchscript:FILE.pt\", "
+                        "or return the module unscripted" % name)
     return module
 
 

@@ -15,6 +15,7 @@
 #include <optional>
 
 #include <fmt/format.h>
+#include <fmt/ranges.h>
 
 namespace gradnorm::harness {
 namespace {
@@ -344,13 +345,31 @@ void check_model_is_a_function(const scenarios::Scenario& s, const Model& model)
                              bad, first.numel()));
   }
   if (first.requires_grad()) {
+    std::vector<at::Tensor> gradients;
+    const std::vector<at::Tensor> trainable = twin->trainable_tensors();
     try {
-      const std::vector<at::Tensor> trainable = twin->trainable_tensors();
-      (void)torch::autograd::grad({first.sum()}, trainable, {}, false, false, true);
+      gradients = torch::autograd::grad({first.sum()}, trainable, {}, false, false, true);
     } catch (const c10::Error& error) {
       throw torch_error("cannot be differentiated in float64 (its forward changes in place a "
                         "tensor its backward needs?)",
                         error);
+    }
+    // A trainable parameter the logits do not depend on gets no gradient: one device failed
+    // its baseline with a reason naming another parameter, two ranks passed.
+    std::vector<std::string> unused;
+    std::size_t at = 0;
+    for (const Parameter& p : twin->parameters()) {
+      if (!p.trainable) continue;
+      if (at < gradients.size() && !gradients[at].defined()) unused.push_back("'" + p.name + "'");
+      ++at;
+    }
+    if (!unused.empty()) {
+      throw refuse(fmt::format("has trainable parameter{} {} that the logits do not depend on (no "
+                               "gradient reaches {}): freeze {} (requires_grad_(False)) or use {} "
+                               "in forward",
+                               unused.size() == 1 ? "" : "s", fmt::join(unused, ", "),
+                               unused.size() == 1 ? "it" : "them", unused.size() == 1 ? "it" : "them",
+                               unused.size() == 1 ? "it" : "them"));
     }
   }
   const auto state_after = state();

@@ -465,7 +465,16 @@ _OWNED = {
     "teacher_checkpointer": "(the harness's teacher)",
     "quantizer": "(torchtune's QAT quantizer, its fake quantisation held off)",
     "fake_quant_after_n_steps": "(after the last step: the oracle has no fake quantisation)",
+    # The harness's optimizer applies the scenario's learning rate, constant: a scheduler
+    # would change what the oracle's update is judged against.
+    "lr_scheduler": "learning_rate (constant, applied by the harness's optimizer)",
 }
+# What a --recipe-arg may still set, and why: loss (the oracle judges the scenario's loss, so a
+# loss that differs from it is judged wrong, as it should be), profiler (changes no number; it
+# writes under the run's own output_dir), and any key the recipe reads that is not above
+# (compile, activation checkpointing, logging). None of this is a security boundary: a
+# _component_ names any callable, and a scenario file and its recipe_args are code
+# (docs/ranks.md, "Trust boundary").
 
 
 def _check_override(key):
@@ -563,8 +572,13 @@ def load_recipe(target, args, module_name, framework="torchtune"):
         _loaded[key] = Recipe(name, path, args, module_name)
     recipe = _loaded[key]
     objective = "knowledge_distillation" if recipe.distils else "scenario_loss"
-    return (recipe.file, make_step(recipe), recipe.cannot_run, objective,
-            "%s's %s%s" % (_gf.release("torchtune"), name, _gf.origin("torchtune")))
+    if target.endswith(".py"):
+        # The user's file, named as theirs: it read as "torchtune 0.6.1's STEM".
+        runs = "%s (a recipe file, on %s%s)" % (target, _gf.release("torchtune"),
+                                                _gf.origin("torchtune"))
+    else:
+        runs = "%s's %s%s" % (_gf.release("torchtune"), name, _gf.origin("torchtune"))
+    return (recipe.file, make_step(recipe), recipe.cannot_run, objective, runs)
 
 
 _gf.register("torchtune", load_recipe)

@@ -165,6 +165,19 @@ class TrainerRecipe:
         if isinstance(found, type) and issubclass(found, base):
             self.cls = found
         elif callable(found) and not isinstance(found, type):
+            if framework == "trl":
+                # Every such run failed with a feeding error: SFTTrainer.compute_loss runs the
+                # model twice per micro-batch with a compute_loss_func (trl 1.16.0's
+                # sft_trainer.py:1593-1600: the logits for the function, then a no_grad forward
+                # for its metrics), and TRL deprecates it (sft_trainer.py:1050-1056).
+                raise ValueError(
+                    "--recipe trl:%s: %s is a function, and SFTTrainer with a compute_loss_func "
+                    "is not judged: %s's SFTTrainer.compute_loss runs the model a second time "
+                    "(no_grad, for its metrics) after the forward whose logits the function "
+                    "gets, which gradnorm cannot tell from feeding the wrong batches; TRL "
+                    "deprecates it too. Override compute_loss in an SFTTrainer subclass "
+                    "(trl:PATH.py:CLASS), or give the function to Trainer "
+                    "(transformers:PATH.py:NAME)" % (target, name, _gf.release("trl")))
             self.cls = base
             self.compute_loss_func = found
         else:
@@ -242,6 +255,30 @@ def _callback_class():
     return Capture
 
 
+def _checked_loss_func(function, target):
+    """The user's compute_loss_func, its return checked where it returns: Trainer backwards
+    what it returns and divides it, so a float, a tensor without grad or one of several
+    elements failed inside Trainer's code, located there, not at the user's function."""
+    import functools
+    name = "compute_loss_func %s" % target
+
+    @functools.wraps(function)
+    def loss_func(outputs, labels, num_items_in_batch=None):
+        loss = function(outputs, labels, num_items_in_batch=num_items_in_batch)
+        if not isinstance(loss, torch.Tensor):
+            raise TypeError("%s returned %s: Trainer backwards what it returns, so it must be a "
+                            "tensor (the loss)" % (name, type(loss).__name__))
+        if loss.numel() != 1:
+            raise ValueError("%s returned a tensor of shape %s: Trainer backwards it as the "
+                             "micro-batch's loss, one number" % (name, list(loss.shape)))
+        if not loss.requires_grad:
+            raise ValueError("%s returned a loss without grad (computed under no_grad, or from "
+                             "detached logits): Trainer's backward would reach no parameter"
+                             % name)
+        return loss
+    return loss_func
+
+
 class _TrainerRun(_gf.GreenletRun):
     """Trainer's one training run (trainer.train()) on this rank."""
 
@@ -315,7 +352,8 @@ class _TrainerRun(_gf.GreenletRun):
         kwargs = dict(model=model, args=args, optimizers=(optimizer, schedule),
                       callbacks=[_callback_class()(self)], **self._trainer_kwargs())
         if self.recipe.compute_loss_func is not None:
-            kwargs["compute_loss_func"] = self.recipe.compute_loss_func
+            kwargs["compute_loss_func"] = _checked_loss_func(self.recipe.compute_loss_func,
+                                                             self.recipe.target)
         trainer = self.recipe.cls(**kwargs)
         # Trainer prints every log to stdout (PrinterCallback, its progress output when tqdm
         # is disabled), which would interleave with gradnorm's table: removed through

@@ -1,6 +1,13 @@
 #include "interpreter.hpp"
 
 #include <fmt/format.h>
+#include <torch/version.h>
+
+#include <fcntl.h>
+#include <signal.h>
+#include <spawn.h>
+#include <sys/wait.h>
+#include <unistd.h>
 
 #include <atomic>
 #include <chrono>
@@ -8,7 +15,11 @@
 #include <cstdio>
 #include <cctype>
 #include <cstdlib>
+#include <cstring>
 #include <filesystem>
+#include <fstream>
+#include <utility>
+#include <vector>
 #include <mutex>
 #include <thread>
 
@@ -16,6 +27,7 @@
 #include "watchdog.hpp"
 #include "gradnorm/harness/runner.hpp"
 #include "gradnorm/python/python_step.hpp"
+#include "gradnorm/scenarios/files.hpp"
 #include "gradnorm/scenarios/scenario.hpp"
 
 namespace gradnorm::python::detail {
@@ -50,6 +62,126 @@ const std::string& python_executable() {
 }
 
 bool Interpreter::started() { return detail::started.load(); }
+
+namespace {
+
+// What `executable -c script` printed on standard output and error, and its exit status (-1
+// when it could not be run or did not finish within `bound`).
+struct Ran {
+  int status = -1;
+  std::string out, err;
+};
+
+Ran run_briefly(const std::string& executable, const char* script, std::chrono::milliseconds bound) {
+  Ran ran;
+  int out[2], err[2];
+  if (::pipe2(out, O_CLOEXEC) != 0) return ran;
+  if (::pipe2(err, O_CLOEXEC) != 0) {
+    ::close(out[0]);
+    ::close(out[1]);
+    return ran;
+  }
+  posix_spawn_file_actions_t actions;
+  posix_spawn_file_actions_init(&actions);
+  posix_spawn_file_actions_adddup2(&actions, out[1], STDOUT_FILENO);
+  posix_spawn_file_actions_adddup2(&actions, err[1], STDERR_FILENO);
+  std::string program = executable, dash_c = "-c", code = script;
+  char* argv[] = {program.data(), dash_c.data(), code.data(), nullptr};
+  pid_t child = -1;
+  const int spawned = posix_spawn(&child, executable.c_str(), &actions, nullptr, argv, environ);
+  posix_spawn_file_actions_destroy(&actions);
+  ::close(out[1]);
+  ::close(err[1]);
+  if (spawned != 0) {
+    ran.err = std::strerror(spawned);
+    ::close(out[0]);
+    ::close(err[0]);
+    return ran;
+  }
+  const auto deadline = std::chrono::steady_clock::now() + bound;
+  for (int fd : {out[0], err[0]}) ::fcntl(fd, F_SETFL, O_NONBLOCK);
+  char buffer[4096];
+  int raw = 0;
+  bool exited = false;
+  while (std::chrono::steady_clock::now() < deadline) {
+    for (auto [fd, text] : {std::pair{out[0], &ran.out}, std::pair{err[0], &ran.err}}) {
+      for (ssize_t n; (n = ::read(fd, buffer, sizeof buffer)) > 0 && text->size() < 65536;) text->append(buffer, static_cast<std::size_t>(n));
+    }
+    if (exited) break;
+    exited = ::waitpid(child, &raw, WNOHANG) == child;
+    if (!exited) std::this_thread::sleep_for(std::chrono::milliseconds(2));
+  }
+  if (!exited) {
+    ::kill(child, SIGKILL);
+    ::waitpid(child, &raw, 0);
+  } else if (WIFEXITED(raw)) {
+    ran.status = WEXITSTATUS(raw);
+  }
+  ::close(out[0]);
+  ::close(err[0]);
+  return ran;
+}
+
+// GRADNORM_PYTHON names the environment whose torch the embedded interpreter imports: checked
+// from outside, in a process of its own, before this process loads anything of it. A folder,
+// /bin/sh, another CPython (3.12, 2.7) or another torch (Debian's 1.13, whose _C was loaded
+// beside this build's LibTorch 2.13) ended the process with SIGBUS and no message.
+void check_chosen_environment(const std::string& executable) {
+  const std::string named = "GRADNORM_PYTHON=" + executable;
+  const std::string want_python = fmt::format("{}.{}", PY_MAJOR_VERSION, PY_MINOR_VERSION);
+  const std::string want_torch = fmt::format("{}.{}.{}", TORCH_VERSION_MAJOR, TORCH_VERSION_MINOR, TORCH_VERSION_PATCH);
+  if (auto why = scenarios::why_unreadable(executable)) throw std::runtime_error(fmt::format("{} {}", named, *why));
+  if (::access(executable.c_str(), X_OK) != 0) throw std::runtime_error(named + " is not executable");
+  const Ran ran = run_briefly(executable,
+                              "import sys, importlib.util as u\n"
+                              "s = u.find_spec('torch')\n"
+                              "print('gradnorm-check %d.%d' % sys.version_info[:2])\n"
+                              "print('gradnorm-check ' + (s.origin or '' if s else ''))\n",
+                              std::chrono::milliseconds(std::max<long>(step_timeout_ms.load(), 10'000)));
+  std::vector<std::string> lines;
+  for (std::size_t at = 0; (at = ran.out.find("gradnorm-check ", at)) != std::string::npos;) {
+    const std::size_t end = ran.out.find('\n', at);
+    lines.push_back(ran.out.substr(at + 15, end == std::string::npos ? std::string::npos : end - at - 15));
+    at = end == std::string::npos ? ran.out.size() : end;
+  }
+  if (ran.status != 0 || lines.size() != 2) {
+    // The last line it said: a traceback's ends with the exception.
+    std::string said = ran.err.empty() ? ran.out : ran.err;
+    while (!said.empty() && (said.back() == '\n' || said.back() == ' ')) said.pop_back();
+    said = said.substr(said.rfind('\n') == std::string::npos ? 0 : said.rfind('\n') + 1);
+    throw std::runtime_error(fmt::format("{} is not a Python {} this build can use: it did not "
+                                         "answer a version check{}",
+                                         named, want_python, said.empty() ? "" : " (" + said + ")"));
+  }
+  if (lines[0] != want_python) {
+    throw std::runtime_error(fmt::format("{} is Python {}; this build embeds Python {} (its "
+                                         "torch's extension modules are built for one)",
+                                         named, lines[0], want_python));
+  }
+  if (lines[1].empty()) {
+    throw std::runtime_error(fmt::format("{} has no torch: install torch=={} there "
+                                         "(scripts/install-deps.sh makes such an environment)",
+                                         named, want_torch));
+  }
+  std::ifstream version_file(std::filesystem::path(lines[1]).parent_path() / "version.py");
+  std::string found;
+  for (std::string line; std::getline(version_file, line);) {
+    if (line.rfind("__version__", 0) != 0) continue;
+    const auto quote = line.find_first_of("'\"");
+    const auto close = quote == std::string::npos ? quote : line.find(line[quote], quote + 1);
+    if (close != std::string::npos) found = line.substr(quote + 1, close - quote - 1);
+  }
+  if (found.rfind(want_torch, 0) != 0 || (found.size() > want_torch.size() && found[want_torch.size()] != '+')) {
+    throw std::runtime_error(fmt::format("{} has torch {} (at {}); this build is compiled against "
+                                         "torch {}, whose LibTorch it holds: install torch=={} "
+                                         "there, or build gradnorm against that environment",
+                                         named, found.empty() ? "of an unknown version" : found,
+                                         std::filesystem::path(lines[1]).parent_path().string(),
+                                         want_torch, want_torch));
+  }
+}
+
+}  // namespace
 
 namespace {
 
@@ -152,6 +284,11 @@ Interpreter::Interpreter() {
   // purging thread at import unless its jemalloc is told otherwise; it then returns freed
   // pages on allocation instead. Numbers are not touched.
   setenv("JE_ARROW_MALLOC_CONF", "background_thread:false", /*overwrite=*/0);
+  // (A rank of gradnorm's own supervisor is started by a process that checked it already.)
+  if (const char* chosen = std::getenv("GRADNORM_PYTHON");
+      chosen != nullptr && *chosen != '\0' && std::getenv("GRADNORM_STATUS_DIR") == nullptr) {
+    check_chosen_environment(python_executable());
+  }
   PyConfig config;
   PyConfig_InitPythonConfig(&config);
   config.parse_argv = 0;

@@ -659,6 +659,15 @@ const LoadedStep& load_recipe(const RecipeVariant& variant, std::string& name,
   }
   const std::string framework = variant.spec.substr(0, colon);
   const std::string target = variant.spec.substr(colon + 1);
+  // A file (torchtune:PATH.py, transformers:PATH.py:NAME) is read as every input path is: a
+  // folder, FIFO, device or link loop is named as one (each read as "no such file").
+  if (const auto py = target.find(".py"); py != std::string::npos &&
+                                          (py + 3 == target.size() || target[py + 3] == ':')) {
+    const std::string file = target.substr(0, py + 3);
+    if (auto why = scenarios::why_unreadable(file)) {
+      throw InvalidInput(fmt::format("--recipe {}: '{}' {}", variant.spec, file, *why));
+    }
+  }
   Interpreter& interpreter = Interpreter::get();
   py::gil_scoped_acquire gil;
   auto* step = new LoadedStep{};

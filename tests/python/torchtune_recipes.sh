@@ -86,6 +86,14 @@ expect "generate: exit 2" generate.txt
 echo "owned: exit $?" >> owned.txt
 expect "--recipe-arg batch_size: the scenario decides batch_size (micro_batch_size)" owned.txt
 expect "owned: exit 2" owned.txt
+# A scheduler would change the learning rate the oracle judges the update against (it was
+# taken): refused as the optimizer is.
+"$gradnorm" run --recipe torchtune:full_finetune_single_device \
+  --recipe-arg lr_scheduler._component_=torchtune.training.lr_schedulers.get_cosine_schedule_with_warmup \
+  -s single/n3/float32 > scheduler.txt 2>&1
+echo "scheduler: exit $?" >> scheduler.txt
+expect "--recipe-arg lr_scheduler._component_: the scenario decides lr_scheduler (learning_rate" scheduler.txt
+expect "scheduler: exit 2" scheduler.txt
 # A malformed override (OmegaConf took "foo" as foo=None, "=1" as an empty key: exit 0), as
 # Trainer's --recipe-arg already was: exit 2 naming it.
 for bad in foo =1; do

@@ -110,6 +110,28 @@ expect "step 0: gradients rel L2 error 1.16 > 1e-05" mine.txt
 row mine/accum2-ragged/float32 mine/skip-empty pass mine.txt
 row mine/accum2-empty-first/float32 mine/skip-empty pass mine.txt
 
+# A compute_loss_func whose return Trainer cannot backward failed inside Trainer's code and was
+# located there; its return is checked where it returns, naming it. Control: summed_token_loss
+# above passes.
+cat > bad_losses.py <<'PY'
+def as_float(outputs, labels, num_items_in_batch=None):
+    return 1.0
+
+
+def detached(outputs, labels, num_items_in_batch=None):
+    return outputs.logits.detach().sum()
+
+
+def per_token(outputs, labels, num_items_in_batch=None):
+    return outputs.logits.sum(-1)
+PY
+for bad in as_float detached per_token; do
+  "$gradnorm" run --recipe "transformers:$work/bad_losses.py:$bad" -s single/n3/float32 > "$bad.txt" 2>&1
+done
+expect "compute_loss_func $work/bad_losses.py:as_float returned float: Trainer backwards what it returns" as_float.txt
+expect "compute_loss_func $work/bad_losses.py:detached returned a loss without grad" detached.txt
+expect "compute_loss_func $work/bad_losses.py:per_token returned a tensor of shape [2, 8]" per_token.txt
+
 # A pull request that swaps Trainer's loss for a per-micro-batch mean, under one name: gradnorm
 # diff names the regression and a command that reproduces it, which runs as printed (the row's
 # scenario as the run reports it, hf_tiny_llama/...) and fails the same row.

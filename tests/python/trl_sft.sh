@@ -124,6 +124,22 @@ PYTHONPATH="$v4" "$gradnorm" run --recipe "trl:$work/swapped.py:SwapsSequences" 
 row hf_tiny_llama/single/accum2-ragged/float32 trl/swapped.SwapsSequences error-mismatch v4-swapped.txt
 expect "the model was given input_ids that are not this window's micro-batches in order" v4-swapped.txt
 
+# A compute_loss_func with SFTTrainer: refused by name (SFTTrainer runs a second, no_grad
+# forward for its metrics; every such run failed with a feeding error).
+cat > loss_func.py <<'PY'
+import torch
+
+
+def token_mean(outputs, labels, num_items_in_batch=None):
+    return torch.nn.functional.cross_entropy(outputs.logits[:, :-1].flatten(0, 1),
+                                             labels[:, 1:].flatten(), ignore_index=-100)
+PY
+"$gradnorm" run --recipe "trl:$work/loss_func.py:token_mean" -s single/accum2-ragged/float32 \
+  > loss-func.txt 2>&1
+echo "loss func: exit $?" >> loss-func.txt
+expect "token_mean is a function, and SFTTrainer with a compute_loss_func is not judged" loss-func.txt
+expect "loss func: exit 2" loss-func.txt
+
 # TRL 1.16.0 beside transformers 5.17.0: 5.18.0's verdicts.
 PYTHONPATH="$v517" "$gradnorm" run --recipe trl:sft -s first-valid/single/accum2-ragged/float32 \
   --json v517.json > v517.txt 2>&1

@@ -10,12 +10,14 @@
 #include <netinet/in.h>
 #include <signal.h>
 #include <sys/socket.h>
+#include <sys/stat.h>
 #include <unistd.h>
 
 #include <filesystem>
 #include <fstream>
 #include <sstream>
 #include <string>
+#include <tuple>
 #include <vector>
 
 namespace gradnorm {
@@ -460,6 +462,116 @@ TEST(CrashesAndStatuses, TheMemoryBudgetCountsAModelFromAFilesOwnParameters) {
   expect_exit({"run", "-q", "-f", "big.toml", "-v", "baseline", "--memory-budget", "300M"}, 2,
               "scenario 'big' needs about 0.8 GiB by gradnorm's estimate (2e+06 parameter elements per rank", cd);
   expect_exit({"run", "-q", "-f", "big.toml", "-v", "baseline", "--memory-budget", "2G"}, 0, "1 pass", cd);
+}
+
+// GRADNORM_PYTHON naming what is not this build's environment ended the process with SIGBUS
+// and no message (a nonexistent path, a folder, /bin/sh, another CPython, Debian's torch 1.13
+// loaded beside this build's LibTorch). It is checked from outside, before anything loads: exit
+// 2 naming the variable and what it found.
+TEST(CrashesAndStatuses, AGradnormPythonThatCannotServeIsNamedBeforeAnythingLoads) {
+  TemporaryDirectory folder("gradnorm-python");
+  const std::vector<std::string> step = {"run", "-q", "--python-step",
+                                         GRADNORM_SOURCE_DIR "/examples/python/full_finetune.py",
+                                         "-s", "single/n3/float32", "--findings-of", "baseline"};
+  auto with = [](const std::string& python) { return "export GRADNORM_PYTHON=" + shell_quote(python); };
+  expect_exit(step, 2, "GRADNORM_PYTHON=/nonexistent/python does not exist", with("/nonexistent/python"));
+  expect_exit(step, 2, "is not a regular file (a folder)", with(folder.path().string()));
+  expect_exit(step, 2, "GRADNORM_PYTHON=/bin/sh is not a Python 3.", with("/bin/sh"));
+  // Another CPython, where this machine has one (CI's has pyenv's 3.10 and 3.12, and 2.7).
+  const std::string others =
+      run_shell("pyenv root >/dev/null 2>&1 && ls \"$(pyenv root)\"/versions/3.1[02]*/bin/python3 "
+                "\"$(pyenv root)\"/versions/2.7*/bin/python2.7 2>/dev/null")
+          .output;
+  std::istringstream found(others);
+  for (std::string python; std::getline(found, python);) {
+    const bool two = contains(python, "python2.7");
+    expect_exit(step, 2,
+                "GRADNORM_PYTHON=" + python +
+                    (two ? " is not a Python 3.11 this build can use: it did not answer a version check (ImportError"
+                         : " is Python 3.1"),
+                with(python));
+  }
+  // Another torch, first on the path of this build's own environment.
+  fs::create_directories(folder.path() / "old" / "torch");
+  write_file(folder.path() / "old" / "torch" / "__init__.py", "raise ImportError('never imported')\n");
+  write_file(folder.path() / "old" / "torch" / "version.py", "__version__ = '1.13.0'\n");
+  expect_exit(step, 2, "has torch 1.13.0 (at " + (folder.path() / "old" / "torch").string() + "); this build is compiled against torch 2.",
+              with(GRADNORM_TEST_PYTHON) + " PYTHONPATH=" + shell_quote((folder.path() / "old").string()));
+  // Control: this build's own environment, named.
+  expect_exit(step, 0, "1 pass", with(GRADNORM_TEST_PYTHON));
+}
+
+// A --recipe file that is a folder or a FIFO read as "no such file"; a torch.jit.script module
+// from a python: builder gave error rows on every scenario; a trainable parameter the logits
+// do not use failed the baseline on one device with a reason naming another parameter (and
+// passed on two ranks). Each is named now, exit 2, before any row runs.
+TEST(CrashesAndStatuses, RecipePathsScriptedModelsAndUnusedParametersAreNamed) {
+  TemporaryDirectory folder("gradnorm-named");
+  const fs::path fifo = folder.path() / "recipe.py";
+  ASSERT_EQ(::mkfifo(fifo.c_str(), 0600), 0);
+  fs::create_directories(folder.path() / "folder.py");
+  expect_exit({"run", "-q", "--recipe", "torchtune:" + fifo.string(), "-s", "single/n3/float32"}, 2,
+              "recipe.py' is not a regular file (a FIFO)");
+  expect_exit({"run", "-q", "--recipe", "transformers:" + (folder.path() / "folder.py").string() + ":T", "-s",
+               "single/n3/float32"},
+              2, "folder.py' is not a regular file (a folder)");
+  write_file(folder.path() / "models.py",
+             "import torch\n"
+             "from torch import nn\n"
+             "class M(nn.Module):\n"
+             "    def __init__(self, V, H):\n"
+             "        super().__init__()\n"
+             "        self.embed = nn.Embedding(V, H)\n"
+             "        self.head = nn.Linear(H, V)\n"
+             "        self.spare = nn.Linear(H, H)\n"
+             "    def forward(self, t):\n"
+             "        return self.head(self.embed(t))\n"
+             "def scripted(vocab_size, hidden_size, sequence_length):\n"
+             "    model = M(vocab_size, hidden_size)\n"
+             "    model.spare.requires_grad_(False)\n"
+             "    return torch.jit.script(model)\n"
+             "def unused(vocab_size, hidden_size, sequence_length):\n"
+             "    return M(vocab_size, hidden_size)\n"
+             "def frozen(vocab_size, hidden_size, sequence_length):\n"
+             "    model = M(vocab_size, hidden_size)\n"
+             "    model.spare.requires_grad_(False)\n"
+             "    return model\n");
+  const std::string cd = "cd " + shell_quote(folder.path().string());
+  auto run = [&](const std::string& function) {
+    write_file(folder.path() / (function + ".toml"),
+               "[[scenario]]\nname = \"m\"\nvalid_tokens = [[5, 3]]\nmodel = \"python:models.py:" + function +
+                   "\"\nhidden_size = 8\n");
+    return std::vector<std::string>{"run", "-q", "-v", "baseline", "-f", function + ".toml"};
+  };
+  expect_exit(run("scripted"), 2, "returned a TorchScript module (torch.jit.script or trace)", cd);
+  expect_exit(run("unused"), 2,
+              "has trainable parameters 'spare.weight', 'spare.bias' that the logits do not depend on", cd);
+  expect_exit(run("frozen"), 0, "1 pass", cd);  // control: the same model, the unused layer frozen
+}
+
+// diff compared reports that validate-report refuses: a non-numeric rel_l2_error, world_size
+// -1, an empty scenario name. It reads what validate-report accepts, no less.
+TEST(CrashesAndStatuses, DiffRefusesWhatValidateReportRefuses) {
+  TemporaryDirectory folder("gradnorm-diff");
+  const fs::path base = folder.path() / "base.json";
+  ASSERT_EQ(run_cli({"run", "-q", "-s", "single/n3/float32", "-v", "baseline", "--json", base.string()}).exit_code, 0);
+  const std::string text = read_file(base);
+  auto altered = [&](const std::string& name, const std::string& from, const std::string& to) {
+    const std::size_t at = text.find(from);
+    EXPECT_NE(at, std::string::npos) << from;
+    return write_file(folder.path() / name, text.substr(0, at) + to + text.substr(text.find_first_of(",}", at)));
+  };
+  for (const auto& [name, from, to] :
+       {std::tuple<std::string, std::string, std::string>{"string.json", "\"rel_l2_error\"", "\"rel_l2_error\": \"small\""},
+        {"world.json", "\"world_size\"", "\"world_size\": -1"},
+        {"empty.json", "\"scenario\"", "\"scenario\": \"\""}}) {
+    SCOPED_TRACE(name);
+    const std::string bad = altered(name, from, to);
+    EXPECT_NE(run_cli({"validate-report", bad}).exit_code, 0);
+    expect_exit({"diff", base.string(), bad}, 2, "the head report '" + bad + "' is not a valid gradnorm report");
+    expect_exit({"diff", bad, base.string()}, 2, "the base report '" + bad + "' is not a valid gradnorm report");
+  }
+  expect_exit({"diff", base.string(), base.string()}, 0, "");  // control
 }
 
 }  // namespace

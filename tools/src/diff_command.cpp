@@ -9,6 +9,8 @@
 #include <valijson/validator.hpp>
 
 #include <cstdio>
+#include <string>
+#include <vector>
 
 #include "gradnorm/reports/diff.hpp"
 #include "gradnorm/reports/html.hpp"
@@ -19,13 +21,53 @@
 
 namespace gradnorm::tools {
 
+namespace {
+
+// What docs/report.schema.json refuses in `document`: "WHERE: WHY" lines, none when it is valid.
+std::vector<std::string> schema_violations(const nlohmann::json& document) {
+  static const nlohmann::json schema_document = nlohmann::json::parse(kReportSchema);
+  valijson::Schema schema;
+  valijson::SchemaParser parser;
+  valijson::adapters::NlohmannJsonAdapter schema_adapter(schema_document);
+  parser.populateSchema(schema_adapter, schema);
+  valijson::Validator validator;
+  valijson::ValidationResults results;
+  valijson::adapters::NlohmannJsonAdapter target(document);
+  std::vector<std::string> found;
+  if (validator.validate(schema, target, &results)) return found;
+  valijson::ValidationResults::Error error;
+  while (results.popError(error)) {
+    std::string where;
+    for (const std::string& part : error.context) where += part;
+    found.push_back(fmt::format("{}: {}", where, error.description));
+  }
+  return found;
+}
+
+// diff reads what validate-report accepts, no less: it compared a report whose rel_l2_error was
+// a string, whose world_size was -1 or whose scenario was empty.
+nlohmann::json read_valid_report(const std::string& path, const char* side) {
+  nlohmann::json document = reports::read_json_report(path);
+  const std::vector<std::string> violations = schema_violations(document);
+  if (!violations.empty()) {
+    // valijson reports the innermost violation first.
+    throw scenarios::InvalidInput(fmt::format(
+        "{} report '{}' is not a valid gradnorm report: {} ({} violation{} of "
+        "docs/report.schema.json; gradnorm validate-report lists them)",
+        side, path, violations.front(), violations.size(), violations.size() == 1 ? "" : "s"));
+  }
+  return document;
+}
+
+}  // namespace
+
 int diff_command(const DiffCommandOptions& options) {
   check_report_paths({{"--markdown", options.markdown_path, options.markdown_given},
                       {"--junit", options.junit_path, options.junit_given},
                       {"--html", options.html_path, options.html_given}},
                      {options.base, options.head});
-  const nlohmann::json base = reports::read_json_report(options.base);
-  const nlohmann::json head = reports::read_json_report(options.head);
+  const nlohmann::json base = read_valid_report(options.base, "the base");
+  const nlohmann::json head = read_valid_report(options.head, "the head");
   reports::DiffOptions diff_options;
   diff_options.drift_ulp = options.drift_ulp;
   diff_options.drift_factor = options.drift_factor;
@@ -54,15 +96,8 @@ int diff_command(const DiffCommandOptions& options) {
 
 int validate_report_command(const std::string& path) {
   const nlohmann::json document = reports::read_json_report(path);
-  const nlohmann::json schema_document = nlohmann::json::parse(kReportSchema);
-  valijson::Schema schema;
-  valijson::SchemaParser parser;
-  valijson::adapters::NlohmannJsonAdapter schema_adapter(schema_document);
-  parser.populateSchema(schema_adapter, schema);
-  valijson::Validator validator;
-  valijson::ValidationResults results;
-  valijson::adapters::NlohmannJsonAdapter target(document);
-  if (validator.validate(schema, target, &results)) {
+  const std::vector<std::string> violations = schema_violations(document);
+  if (violations.empty()) {
     // Checked, not only parsed: what the schema cannot say.
     const std::vector<std::string> contradictions = reports::report_contradictions(document);
     if (contradictions.empty()) {
@@ -74,15 +109,10 @@ int validate_report_command(const std::string& path) {
     fmt::print(stderr, "{}: not a valid gradnorm report: its records contradict it\n", path);
     return 1;
   }
-  valijson::ValidationResults::Error error;
-  int shown = 0;
-  while (results.popError(error)) {
-    std::string where;
-    for (const std::string& part : error.context) where += part;
-    if (shown < 20) fmt::print(stderr, "{}: {}: {}\n", path, where, error.description);
-    ++shown;
+  for (std::size_t i = 0; i < violations.size() && i < 20; ++i) {
+    fmt::print(stderr, "{}: {}\n", path, violations[i]);
   }
-  if (shown > 20) fmt::print(stderr, "{}: and {} more violations\n", path, shown - 20);
+  if (violations.size() > 20) fmt::print(stderr, "{}: and {} more violations\n", path, violations.size() - 20);
   fmt::print(stderr, "{}: not a valid gradnorm report (docs/report.schema.json)\n", path);
   return 1;
 }
