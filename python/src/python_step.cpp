@@ -30,6 +30,7 @@
 #include <mutex>
 #include <thread>
 
+#include <sys/stat.h>
 #include <unistd.h>
 
 #include <torch/csrc/distributed/c10d/Backend.hpp>
@@ -659,12 +660,15 @@ const LoadedStep& load_recipe(const RecipeVariant& variant, std::string& name,
   }
   const std::string framework = variant.spec.substr(0, colon);
   const std::string target = variant.spec.substr(colon + 1);
-  // A file (torchtune:PATH.py, transformers:PATH.py:NAME) is read as every input path is: a
-  // folder, FIFO, device or link loop is named as one (each read as "no such file").
+  // A file (torchtune:PATH.py, transformers:PATH.py:NAME) that exists is read as every input
+  // path is: a folder, FIFO, device or link loop is named as one (each read as "no such
+  // file"). One that does not exist is the adapter's to name, after the target's shape.
   if (const auto py = target.find(".py"); py != std::string::npos &&
                                           (py + 3 == target.size() || target[py + 3] == ':')) {
     const std::string file = target.substr(0, py + 3);
-    if (auto why = scenarios::why_unreadable(file)) {
+    struct stat entry {};
+    const bool there = ::lstat(file.c_str(), &entry) == 0;
+    if (auto why = there ? scenarios::why_unreadable(file) : std::nullopt) {
       throw InvalidInput(fmt::format("--recipe {}: '{}' {}", variant.spec, file, *why));
     }
   }
