@@ -434,8 +434,8 @@ TEST(WriteFileAtomically, MissingFolderThrowsNamingThePath) {
   const std::string path = (folder.path() / "no-such-folder" / "report.json").string();
   try {
     reports::write_file_atomically(path, "text\n");
-    ADD_FAILURE() << "expected InvalidInput for " << path;
-  } catch (const scenarios::InvalidInput& error) {
+    ADD_FAILURE() << "expected ReportWriteError for " << path;
+  } catch (const reports::ReportWriteError& error) {  // exit 74: found once the work was done
     EXPECT_NE(std::string(error.what()).find(path), std::string::npos) << error.what();
   }
   EXPECT_FALSE(std::filesystem::exists(folder.path() / "no-such-folder"));
