@@ -234,38 +234,41 @@ std::vector<at::Tensor> Model::trainable_tensors() const {
 
 namespace {
 
-std::mutex python_loader_mutex;
-PythonModelLoader& python_loader() {
-  static PythonModelLoader loader;
-  return loader;
+// What gradnorm::python installs (python::install_python_models), read under one mutex;
+// function-local, as a test may install them during static initialisation.
+struct PythonHooks {
+  std::mutex mutex;
+  PythonModelLoader loader;
+  PythonModelSizer sizer;
+};
+PythonHooks& python_hooks() {
+  static PythonHooks hooks;
+  return hooks;
+}
+
+template <class Hook>
+Hook installed(Hook PythonHooks::*hook) {
+  PythonHooks& hooks = python_hooks();
+  std::lock_guard lock(hooks.mutex);
+  return hooks.*hook;
+}
+
+template <class Hook>
+void install(Hook PythonHooks::*hook, Hook value) {
+  PythonHooks& hooks = python_hooks();
+  std::lock_guard lock(hooks.mutex);
+  hooks.*hook = std::move(value);
 }
 
 }  // namespace
 
-void set_python_model_loader(PythonModelLoader loader) {
-  std::lock_guard lock(python_loader_mutex);
-  python_loader() = std::move(loader);
-}
+void set_python_model_loader(PythonModelLoader loader) { install(&PythonHooks::loader, std::move(loader)); }
 
-namespace {
-PythonModelSizer& python_sizer() {
-  static PythonModelSizer sizer;
-  return sizer;
-}
-}  // namespace
-
-void set_python_model_sizer(PythonModelSizer sizer) {
-  std::lock_guard lock(python_loader_mutex);
-  python_sizer() = std::move(sizer);
-}
+void set_python_model_sizer(PythonModelSizer sizer) { install(&PythonHooks::sizer, std::move(sizer)); }
 
 double model_parameter_elements(const scenarios::Scenario& scenario) {
   if (scenario.model != scenarios::ModelKind::python) return scenarios::parameter_elements(scenario);
-  PythonModelSizer sizer;
-  {
-    std::lock_guard lock(python_loader_mutex);
-    sizer = python_sizer();
-  }
+  const PythonModelSizer sizer = installed(&PythonHooks::sizer);
   return sizer ? sizer(scenario) : scenarios::parameter_elements(scenario);
 }
 
@@ -276,11 +279,7 @@ std::unique_ptr<Model> make_model(const scenarios::Scenario& scenario, ModelConf
   }
   if (config.base == scenarios::ModelKind::torchscript) return load_torchscript_model(scenario);
   if (config.base == scenarios::ModelKind::python) {
-    PythonModelLoader loader;
-    {
-      std::lock_guard lock(python_loader_mutex);
-      loader = python_loader();
-    }
+    const PythonModelLoader loader = installed(&PythonHooks::loader);
     if (!loader) {
       throw scenarios::InvalidInput(fmt::format(
           "scenario '{}': model 'python:{}:{}' needs gradnorm's embedded Python, which this "

@@ -22,9 +22,7 @@
 #include <cstdio>
 #include <cstdlib>
 #include <chrono>
-#include <condition_variable>
 #include <exception>
-#include <functional>
 #include <filesystem>
 #include <map>
 #include <mutex>
