@@ -586,6 +586,36 @@ def _no_exit(status=0):
                               "with no report; raise an exception instead" % (status,))
 
 
+class _HeldStream:
+    """sys.stdout or sys.stderr inside gradnorm: what the code under test writes is held for
+    the row whose rank wrote it, or for the run's log (harness/output_capture.hpp), unless
+    gradnorm prints it as it comes (--verbose) or nothing is being judged. The rest (fileno,
+    isatty, encoding) is the stream's own."""
+
+    def __init__(self, stream):
+        import _gradnorm_native
+        self._stream = stream
+        self._hold = _gradnorm_native.hold_output
+
+    def write(self, text):
+        if not isinstance(text, str):
+            raise TypeError("write() argument must be str, not %s" % type(text).__name__)
+        # A child a step forked holds nothing: its copy of the harness reports nothing.
+        if in_forked_child() or not self._hold(text.encode("utf-8", "replace")):
+            return self._stream.write(text)
+        return len(text)
+
+    def writelines(self, lines):
+        for line in lines:
+            self.write(line)
+
+    def flush(self):
+        self._stream.flush()
+
+    def __getattr__(self, name):
+        return getattr(self._stream, name)
+
+
 def embed():
     """Guards that hold inside gradnorm only (never in a pytest suite importing this file):
     no os._exit; on ranks as threads (and raw NCCL's shim), no DDP/FSDP wrapper and no
@@ -596,7 +626,9 @@ def embed():
     # User code that kills the process (a segfault in an extension, os.abort()) ended it with
     # an empty stderr: Python's own fault handler names the file and line of the thread that
     # crashed (a rank process's supervisor quotes them from the rank's log).
-    faulthandler.enable(all_threads=False)
+    faulthandler.enable(file=sys.__stderr__, all_threads=False)
+    sys.stdout = _HeldStream(sys.stdout)
+    sys.stderr = _HeldStream(sys.stderr)
     os._exit = _no_exit
     os.fork = _fork_unless_ranks_are_threads(os.fork)
     for name in ("alarm", "setitimer"):

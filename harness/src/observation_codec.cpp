@@ -107,7 +107,9 @@ std::string serialize(const Observation& o) {
   header["counters"] = {o.counters.backward_calls, o.counters.scale_passes,
                         o.counters.reduce_passes, o.counters.clip_calls,
                         o.counters.optimizer_steps};
-  const std::string text = header.dump();
+  header["output"] = o.output;
+  // What user code printed need not be UTF-8: replaced, not thrown on.
+  const std::string text = header.dump(-1, ' ', false, json::error_handler_t::replace);
   const std::vector<char> pickled =
       torch::jit::pickle_save(c10::IValue(c10::List<at::Tensor>(tensors)));
   std::string out(8, '\0');
@@ -146,6 +148,7 @@ Observation deserialize(const std::string& bytes) {
   }
   const auto counters = header.at("counters").get<std::vector<int>>();
   o.counters = Counters{counters.at(0), counters.at(1), counters.at(2), counters.at(3), counters.at(4)};
+  o.output = header.at("output").get<std::string>();
   return o;
 }
 

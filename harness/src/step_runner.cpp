@@ -8,6 +8,7 @@
 #include <map>
 
 #include "gradnorm/harness/loss.hpp"
+#include "gradnorm/harness/output_capture.hpp"
 #include "gradnorm/harness/runner.hpp"
 #include "gradnorm/harness/step.hpp"
 
@@ -253,8 +254,10 @@ Observation run_rank(const VariantSpec& variant, const scenarios::Scenario& scen
   out.scenario = scenario.name;
   out.variant = variant.name;
   out.rank = comm.rank();
+  RankOutput printed(scenario.name + " x " + variant.name, out.rank);
   RankRun run(variant, scenario, batches, comm, fault, out);
   run.train();
+  out.output = printed.take();
   return out;
 }
 

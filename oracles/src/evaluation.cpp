@@ -11,6 +11,7 @@
 #include <thread>
 
 #include "gradnorm/harness/dtype.hpp"
+#include "gradnorm/harness/output_capture.hpp"
 #include "gradnorm/harness/runner.hpp"
 
 namespace gradnorm::oracles {
@@ -91,7 +92,12 @@ Evaluation evaluate_scenario(const scenarios::Scenario& s,
     row.fault = run.fault;
     if (!row.fault && reference.fault) row.fault = "reference " + v.reference + ": " + *reference.fault;
     if (!run.ranks.empty()) row.observation = run.ranks.front();
-    for (const harness::Observation& rank : run.ranks) row.rank_digests.push_back(harness::digest(rank));
+    for (const harness::Observation& rank : run.ranks) {
+      row.rank_digests.push_back(harness::digest(rank));
+      row.output += run.ranks.size() == 1
+                        ? rank.output
+                        : harness::prefix_lines(rank.output, fmt::format("[rank {}] ", rank.rank));
+    }
     // Past the first step the oracle starts each step where rank 0's observed one did
     // (oracle.hpp): one float64 run per row then, not per scenario.
     std::optional<OracleResult> anchored;

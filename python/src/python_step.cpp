@@ -34,6 +34,7 @@
 #include <torch/csrc/distributed/c10d/Backend.hpp>
 #include <torch/csrc/distributed/c10d/Store.hpp>
 
+#include "gradnorm/harness/output_capture.hpp"
 #include "gradnorm/harness/communicator.hpp"
 #include "gradnorm/harness/gloo_groups.hpp"
 #include "gradnorm/harness/runner.hpp"
@@ -255,6 +256,10 @@ void gradnorm::python::detail::define_native_module(py::module_& m) {
       .def("barrier", &RankHandle::barrier, release())
       .def("average_gradients", &RankHandle::average_gradients, release());
   m.def("ranks_running_as_threads", &gradnorm::harness::ranks_running_as_threads);
+  // gradnorm_torch's sys.stdout and sys.stderr ask first (harness/output_capture.hpp).
+  m.def("hold_output", [](const py::bytes& text) {
+    return gradnorm::harness::hold_output(static_cast<std::string_view>(text));
+  });
 }
 
 namespace gradnorm::python {

@@ -1,9 +1,39 @@
 #include <fmt/format.h>
 
+#include <algorithm>
+#include <string_view>
+#include <vector>
+
 #include "format.hpp"
 #include "gradnorm/reports/report.hpp"
 
 namespace gradnorm::reports {
+
+namespace {
+
+// What a failing row's code printed, as pytest shows a failing test's captured output: its
+// last kShownLines lines (a traceback's end, the warning before the failure).
+constexpr std::size_t kShownLines = 20;
+std::string captured_output(std::string_view text) {
+  if (text.empty()) return {};
+  std::vector<std::string_view> lines;
+  for (std::size_t start = 0; start < text.size();) {
+    const std::size_t end = std::min(text.find('\n', start), text.size());
+    lines.push_back(text.substr(start, end - start));
+    start = end + 1;
+  }
+  const std::size_t shown = std::min(lines.size(), kShownLines);
+  std::string out = shown == lines.size()
+                        ? fmt::format("    its code printed ({} line{}):\n", lines.size(),
+                                      lines.size() == 1 ? "" : "s")
+                        : fmt::format("    its code printed ({} lines, the last {} here; --log PATH "
+                                      "keeps them all):\n",
+                                      lines.size(), shown);
+  for (std::size_t i = lines.size() - shown; i < lines.size(); ++i) out += fmt::format("      | {}\n", lines[i]);
+  return out;
+}
+
+}  // namespace
 
 std::string render_table(const oracles::Evaluation& evaluation) {
   using detail::sci;
@@ -37,6 +67,7 @@ std::string render_table(const oracles::Evaluation& evaluation) {
                        oracles::to_string(row.expectation), oracles::to_string(row.verdict.kind));
     for (const std::string& reason : row.verdict.reasons) out += fmt::format("    - {}\n", reason);
     if (row.verdict.reasons.empty()) out += fmt::format("    - outcome: {}\n", row.verdict.outcome);
+    out += captured_output(row.output);
   }
   std::string judged;  // which framework code ran, and its version
   for (const auto& [name, runs] : framework_code(evaluation)) {

@@ -9,11 +9,16 @@
 #include <cstring>
 #include <optional>
 #include <string>
+#include <thread>
 #include <vector>
+
+#include <c10/util/Exception.h>
 
 #include "gradnorm/harness/batch.hpp"
 #include "gradnorm/harness/determinism.hpp"
+#include "gradnorm/harness/output_capture.hpp"
 #include "gradnorm/harness/runner.hpp"
+#include "gradnorm/harness/transport.hpp"
 #include "gradnorm/harness/variant.hpp"
 #include "gradnorm/scenarios/catalogue.hpp"
 
@@ -373,6 +378,88 @@ TEST(FirstLine, DropsLibTorchsTrailer) {
   EXPECT_EQ(first_line("element 0 does not require grad Exception raised from foo"),
             "element 0 does not require grad");
   EXPECT_EQ(first_line("plain"), "plain");
+}
+
+// What code under test prints while a rank runs (harness/output_capture.hpp): held for the rank
+// in `gradnorm run`'s capture mode, untouched everywhere else.
+class HeldOutput : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    set_output_mode(OutputMode::capture);
+    (void)take_run_output();
+  }
+  void TearDown() override {
+    (void)take_run_output();
+    set_output_mode(OutputMode::pass_through);
+  }
+};
+
+TEST_F(HeldOutput, ARanksPrintsAndLibTorchWarningsAreItsOwn) {
+  c10::WarningHandler* before = c10::WarningUtils::get_warning_handler();
+  std::string held;
+  {
+    RankOutput rank("s x v", 0);
+    EXPECT_TRUE(hold_output("from Python\n"));
+    TORCH_WARN("a LibTorch warning on the rank's thread");
+    EXPECT_TRUE(hold_output("no newline"));
+    held = rank.take();
+  }
+  EXPECT_TRUE(contains(held, "from Python\n")) << held;
+  EXPECT_TRUE(contains(held, "Warning: a LibTorch warning on the rank's thread (")) << held;
+  EXPECT_TRUE(contains(held, "no newline\n")) << held;  // whole lines
+  EXPECT_EQ(take_run_output(), "");
+  // The thread's handler is the one it had before the rank.
+  EXPECT_EQ(c10::WarningUtils::get_warning_handler(), before);
+}
+
+TEST_F(HeldOutput, NegativeControlOutsideARunNothingIsHeld) {
+  set_output_mode(OutputMode::pass_through);
+  RankOutput rank("s x v", 0);
+  EXPECT_FALSE(hold_output("printed by its caller\n"));
+  EXPECT_EQ(rank.take(), "");
+  set_output_mode(OutputMode::live);
+  EXPECT_FALSE(hold_output("printed as it comes\n"));
+  EXPECT_EQ(take_run_output(), "");
+}
+
+TEST_F(HeldOutput, AThreadOfNoRankGoesToTheOneRunOrToTheRunsLog) {
+  auto from_another_thread = [](const char* text) { std::thread([text] { hold_output(text); }).join(); };
+  std::string lowest;
+  {
+    RankOutput rank1("s x v", 1);
+    std::optional<std::string> rank0_held;
+    std::thread([&] {
+      RankOutput rank0("s x v", 0);
+      from_another_thread("a thread the step started\n");  // one run: its lowest rank
+      {
+        RankOutput other("t x v", 0);  // a second run at once: nobody's in particular
+        from_another_thread("whose?\n");
+      }
+      rank0_held = rank0.take();
+    }).join();
+    lowest = rank0_held.value_or("");
+    EXPECT_EQ(rank1.take(), "");
+  }
+  EXPECT_EQ(lowest, "a thread the step started\n");
+  EXPECT_EQ(take_run_output(), "whose?\n");
+  from_another_thread("no rank at all\n");
+  EXPECT_EQ(take_run_output(), "no rank at all\n");
+}
+
+TEST(ObservationCodec, OutputTravelsToRankZeroAndStaysOutOfTheDigest) {
+  Observation o;
+  o.scenario = "s";
+  o.variant = "v";
+  o.output = "Warning: at 12:54:16.891\n\xff not UTF-8\n";
+  const Observation back = deserialize(serialize(o));
+  EXPECT_TRUE(contains(back.output, "Warning: at 12:54:16.891\n")) << back.output;
+  EXPECT_TRUE(contains(back.output, " not UTF-8\n")) << back.output;
+  Observation quiet = o;
+  quiet.output.clear();
+  EXPECT_EQ(digest(quiet), digest(o));
+  // Negative control: the digest does see what a user sees.
+  quiet.error = ErrorRecord{"ValueError", "boom"};
+  EXPECT_NE(digest(quiet), digest(o));
 }
 
 }  // namespace

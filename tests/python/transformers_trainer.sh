@@ -53,6 +53,11 @@ expect "step 0: gradients rel L2 error 0.246 > 1e-05" v5-nk.txt
 echo "v5-dist: exit $?" >> v5-dist.txt
 row hf_tiny_llama/dist/5-3/float32 $trainer pass v5-dist.txt
 expect "v5-dist: exit 0" v5-dist.txt
+# Framework chatter is held back (docs/reliability.md, "Quiet output"): torchao's import notice
+# and DDP's reducer warning (find_unused_parameters) on every rank were printed into the table.
+expect_not "Skipping import of cpp extensions" v5-dist.txt
+expect_not "find_unused_parameters=True" v5-dist.txt
+expect "gradnorm: the code under test printed" v5-dist.txt
 # The rank processes below are forked warm from the supervisor (docs/ranks.md, "Warm rank
 # processes"), as fuzz --nproc forks them; the run above exec'd its ranks, the default.
 export GRADNORM_WARM_RANKS=1
@@ -60,6 +65,9 @@ export GRADNORM_WARM_RANKS=1
   --recipe-arg average_tokens_across_devices=False > v5-noavg.txt 2>&1
 row hf_tiny_llama/dist/5-3/float32 $trainer fail v5-noavg.txt
 expect "every rank: step 0: gradients rel L2 error 0.223 > 1e-05" v5-noavg.txt
+# A failing row shows what each rank's code said (LibTorch's warning, held on the rank's thread).
+expect "| [rank 1] Warning: find_unused_parameters=True was specified in DDP constructor" v5-noavg.txt
+expect_not "[rank0]:[W" v5-noavg.txt
 # The other spellings Hugging Face's own parser (HfArgumentParser) takes for False, as its
 # command line and YAML configs spell them: each trains without averaging. Before the value
 # was parsed by that parser, "false" was the string "false", which is true: averaging stayed

@@ -583,5 +583,101 @@ TEST(CrashesAndStatuses, DiffRefusesWhatValidateReportRefuses) {
   expect_exit({"diff", base.string(), base.string()}, 0, "");  // control
 }
 
+// Quiet output: framework chatter (torchao's import notice, torch's UserWarnings, DDP's reducer
+// warning) was printed into the table. A step that prints, warns through `warnings` and
+// `logging`, and prints from a thread of its own: held for its row, shown under it only when
+// the row fails, kept whole by --log; --verbose prints it as it comes.
+const char* kChattyStep = R"(import logging
+import threading
+import warnings
+
+def step(ctx):
+    print("chatty says rank", ctx.rank)
+    warnings.warn("a deprecated knob")
+    logging.getLogger("chatty").warning("a logging warning")
+    side = threading.Thread(target=lambda: print("from a thread of the step"))
+    side.start()
+    side.join()
+    micro_batches = list(ctx.micro_batches)
+    logged = 0.0
+    for batch in micro_batches:  # each micro-batch's mean: wrong on ragged accumulation
+        loss = ctx.loss_fn(ctx.model(batch["tokens"]), batch["labels"]) / len(micro_batches)
+        logged += loss.item()
+        loss.backward()
+    ctx.optimizer.step()
+    ctx.optimizer.zero_grad(set_to_none=True)
+    return {"loss_to_log": logged}
+)";
+
+struct SplitOutput {
+  int exit_code = -1;
+  std::string out, err;
+};
+
+SplitOutput run_split(const fs::path& folder, const std::vector<std::string>& args) {
+  const fs::path out = folder / "out.txt", err = folder / "err.txt";
+  const testing_support::CliResult r =
+      run_shell(testing_support::command_line(args) + " > " + shell_quote(out.string()) + " 2> " +
+                shell_quote(err.string()));
+  return {r.exit_code, read_file(out), read_file(err)};
+}
+
+std::size_t count(const std::string& text, const std::string& needle) {
+  std::size_t n = 0;
+  for (std::size_t at = text.find(needle); at != std::string::npos; at = text.find(needle, at + 1)) ++n;
+  return n;
+}
+
+TEST(QuietOutput, WhatAStepPrintsIsHeldForItsRowAndShownWhenItFails) {
+  TemporaryDirectory folder("gradnorm-quiet");
+  const std::string step = write_file(folder.path() / "chatty.py", kChattyStep) + ":step";
+  const fs::path log = folder.path() / "run.log";
+  // -j 1: the thread the step starts belongs to the one row running (output_capture.hpp).
+  const std::vector<std::string> args = {"run", "--python-step", step, "-s", "single/n3/float32",
+                                         "-s", "single/accum2-ragged/float32", "-j", "1"};
+  std::vector<std::string> logged = args;
+  logged.insert(logged.end(), {"--log", log.string()});
+  const SplitOutput held = run_split(folder.path(), logged);
+  const std::string both = held.out + held.err;
+  EXPECT_EQ(held.exit_code, 1) << both;
+  // Under the failing row only (n3's equal micro-batches pass), and nowhere else.
+  EXPECT_EQ(count(held.out, "its code printed"), 1u) << both;
+  EXPECT_TRUE(contains(held.out, "single/accum2-ragged/float32 x py/chatty (expected agree): fail")) << both;
+  EXPECT_TRUE(contains(held.out, "      | chatty says rank 0\n      | a logging warning\n")) << both;
+  EXPECT_TRUE(contains(held.out, "      | from a thread of the step\n")) << both;
+  EXPECT_EQ(count(both, "chatty says"), 1u) << both;
+  EXPECT_FALSE(contains(held.err, "a deprecated knob")) << both;
+  // --log keeps every row's, the passing one's too, and the warning Python shows once.
+  const std::string text = read_file(log);
+  EXPECT_TRUE(contains(text, "== single/n3/float32 x py/chatty ==\nchatty says rank 0\n")) << text;
+  EXPECT_TRUE(contains(text, "== single/accum2-ragged/float32 x py/chatty ==\nchatty says rank 0\n")) << text;
+  EXPECT_TRUE(contains(text, "UserWarning: a deprecated knob")) << text;
+  EXPECT_EQ(count(text, "from a thread of the step"), 2u) << text;
+  // Without --log, a line says what was held and where it can go.
+  const SplitOutput noted = run_split(folder.path(), args);
+  EXPECT_TRUE(contains(noted.err, "gradnorm: the code under test printed 8 lines, held back")) << noted.err;
+  // Control: --verbose holds nothing back, and the table then shows none of it again.
+  std::vector<std::string> verbose = args;
+  verbose.push_back("--verbose");
+  const SplitOutput live = run_split(folder.path(), verbose);
+  EXPECT_EQ(live.exit_code, 1) << live.out << live.err;
+  EXPECT_EQ(count(live.out, "chatty says rank 0"), 2u) << live.out;
+  EXPECT_TRUE(contains(live.err, "a logging warning")) << live.err;
+  EXPECT_FALSE(contains(live.out, "its code printed")) << live.out;
+  EXPECT_FALSE(contains(live.err, "held back")) << live.err;
+}
+
+TEST(QuietOutput, EveryRankProcesssOutputReachesTheFailingRow) {
+  TemporaryDirectory folder("gradnorm-quiet-ranks");
+  const std::string step = write_file(folder.path() / "chatty.py", kChattyStep) + ":step";
+  const SplitOutput r = run_split(folder.path(), {"run", "--python-step", step, "--nproc", "2",
+                                                  "-s", "dist/5-3/float32"});
+  EXPECT_EQ(r.exit_code, 1) << r.out << r.err;
+  EXPECT_TRUE(contains(r.out, "      | [rank 0] chatty says rank 0\n")) << r.out;
+  // Rank 1's, through the observation exchange: its log goes with the run's folder.
+  EXPECT_TRUE(contains(r.out, "      | [rank 1] chatty says rank 1\n")) << r.out;
+  EXPECT_FALSE(contains(r.err, "chatty says")) << r.err;
+}
+
 }  // namespace
 }  // namespace gradnorm

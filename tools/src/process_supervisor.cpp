@@ -9,6 +9,7 @@
 #include <unistd.h>
 
 #include <atomic>
+#include <cctype>
 #include <csignal>
 #include <cstdlib>
 #include <cstring>
@@ -32,12 +33,26 @@ std::string read_first_line(const std::filesystem::path& path) {
   return line;
 }
 
+// A warning LibTorch's C++ logging wrote straight to the rank's standard error ("[W1207
+// 12:54:16.89 socket.cpp:...]"), with the "[rank0]:" c10d puts before it once a process group
+// exists: a thread of LibTorch's own, which harness/output_capture.hpp does not see.
+bool libtorch_warning(const std::string& line) {
+  std::size_t at = 0;
+  if (line.rfind("[rank", 0) == 0) {
+    at = line.find("]:");
+    if (at == std::string::npos) return false;
+    at += 2;
+  }
+  return line.compare(at, 2, "[W") == 0 && line.size() > at + 2 &&
+         (line[at + 2] == ' ' || std::isdigit(static_cast<unsigned char>(line[at + 2])) != 0);
+}
+
 // The lines of a rank's log past LibTorch's warnings.
 std::string log_text(const std::filesystem::path& path) {
   std::ifstream file(path);
   std::string out;
   for (std::string line; std::getline(file, line);) {
-    if (line.rfind("[W ", 0) == 0) continue;
+    if (libtorch_warning(line)) continue;
     out += out.empty() ? line : "\n" + line;
   }
   return out;
@@ -51,7 +66,7 @@ std::string last_lines(const std::filesystem::path& path, std::size_t count) {
   std::vector<std::string> lines, fatal;
   bool in_fatal_stack = false;
   for (std::string line; std::getline(file, line);) {
-    if (line.rfind("[W ", 0) == 0) continue;  // LibTorch's warnings
+    if (libtorch_warning(line)) continue;
     if (line.rfind("Fatal Python error: ", 0) == 0 && fatal.empty()) {
       fatal.push_back(line);
     } else if (!fatal.empty() && line.find("(most recent call first):") != std::string::npos) {

@@ -19,6 +19,7 @@
 #include "gradnorm/tools/cli.hpp"
 #include "gradnorm/harness/determinism.hpp"
 #include "gradnorm/harness/model.hpp"
+#include "gradnorm/harness/output_capture.hpp"
 #include "gradnorm/harness/transport.hpp"
 #include "gradnorm/oracles/evaluation.hpp"
 #include "gradnorm/oracles/token_weights.hpp"
@@ -59,8 +60,10 @@ struct RunOptions {
   std::string digests_path;
   std::string junit_path;
   std::string html_path;
+  std::string log_path;  // what the code under test printed (harness/output_capture.hpp)
   std::vector<ReportPath> given_reports;  // every report option, as given
   bool quiet = false;
+  bool verbose = false;  // what the code under test prints, printed as it comes
   bool ignore_findings = false;
   bool plan = false;
   std::string launcher = "threads";
@@ -185,6 +188,26 @@ std::vector<reports::WeightPlot> weight_plots(const oracles::Evaluation& evaluat
   return plots;
 }
 
+// What the code under test printed in this process (harness/output_capture.hpp): each row's,
+// then what no row owned (imports, a recipe's set-up), for --log.
+struct PrintedOutput {
+  std::string log;
+  std::size_t lines = 0;
+};
+PrintedOutput printed_output(const oracles::Evaluation& evaluation) {
+  PrintedOutput out;
+  auto add = [&out](const std::string& heading, const std::string& text) {
+    if (text.empty()) return;
+    out.log += fmt::format("== {} ==\n{}", heading, text);
+    out.lines += static_cast<std::size_t>(std::count(text.begin(), text.end(), '\n'));
+  };
+  for (const oracles::EvaluationRow& row : evaluation.rows) {
+    add(fmt::format("{} x {}", row.scenario.name, row.variant.name), row.output);
+  }
+  add("outside every row (imports, set-up)", harness::take_run_output());
+  return out;
+}
+
 int report(const oracles::Evaluation& evaluation, const RunOptions& options,
            const harness::RunSettings& settings, int processes = 0) {
   if (evaluation.fault) {
@@ -223,6 +246,8 @@ int report(const oracles::Evaluation& evaluation, const RunOptions& options,
   if (!options.digests_path.empty()) {
     reports::write_file_atomically(options.digests_path, reports::render_digests(evaluation));
   }
+  const PrintedOutput printed = printed_output(evaluation);
+  if (!options.log_path.empty()) reports::write_file_atomically(options.log_path, printed.log);
   const std::string table = reports::render_table(evaluation);
   if (options.quiet) {
     std::fputs(table.substr(table.rfind("\n", table.size() - 2) + 1).c_str(), stdout);
@@ -233,6 +258,13 @@ int report(const oracles::Evaluation& evaluation, const RunOptions& options,
     fmt::print("{} pairs left out (the harness cannot run them), e.g. {} x {}: {}\n",
                evaluation.skipped.size(), evaluation.skipped.front().scenario,
                evaluation.skipped.front().variant, evaluation.skipped.front().why);
+  }
+  if (printed.lines > 0 && options.log_path.empty() && !options.quiet) {
+    fmt::print(stderr,
+               "gradnorm: the code under test printed {} lines, held back from the table (a "
+               "failing row shows its own); --log PATH keeps them, --verbose prints them as "
+               "they come\n",
+               printed.lines);
   }
   return evaluation.all_met() ? kExitAsExpected : kExitUnexpected;
 }
@@ -427,6 +459,8 @@ int run_command(const RunOptions& options, int argc, char** argv) {
   // Before anything runs: a report path that cannot or must not be written is an input error.
   check_report_paths(options.given_reports, run_inputs(options, scenario_list));
   remove_partial_reports_on_signals();
+  // From here on, what the code under test prints is held for its row (or printed live).
+  harness::set_output_mode(options.verbose ? harness::OutputMode::live : harness::OutputMode::capture);
   harness::RunOptions run_options;
   run_options.timeout = timeout_of(options);
   // Before the steps load: their import and cannot_run run under --timeout too.
@@ -578,6 +612,12 @@ class RunCommand : public Subcommand {
     app_->add_option("--digests", options_.digests_path,
                     "write every rank's observation digest to PATH (one line per rank of a row)");
     app_->add_flag("--quiet,-q", options_.quiet, "print the summary line only");
+    app_->add_option("--log", options_.log_path,
+                    "write what the code under test printed (framework notices, warnings, its "
+                    "prints) to PATH, row by row; the table shows a failing row's only");
+    app_->add_flag("--verbose", options_.verbose,
+                   "print what the code under test prints as it prints it, instead of holding "
+                   "it back (-v is --variant)");
     app_->add_option("--launcher", options_.launcher,
                     "threads (default): ranks as threads; processes: --nproc W processes over "
                     "c10d Gloo started here; env: this process is one rank, from RANK, "
@@ -626,7 +666,7 @@ class RunCommand : public Subcommand {
       // Made absolute before any user code runs: a step that changes the working folder
       // (os.chdir) moves no report.
       for (std::string* path : {&options_.json_path, &options_.markdown_path, &options_.digests_path,
-                                &options_.junit_path, &options_.html_path}) {
+                                &options_.junit_path, &options_.html_path, &options_.log_path}) {
         *path = scenarios::absolute_path(*path);
       }
       options_.given_reports = {
@@ -634,7 +674,8 @@ class RunCommand : public Subcommand {
           {"--markdown", options_.markdown_path, app_->count("--markdown") > 0},
           {"--digests", options_.digests_path, app_->count("--digests") > 0},
           {"--junit", options_.junit_path, app_->count("--junit") > 0},
-          {"--html", options_.html_path, app_->count("--html") > 0}};
+          {"--html", options_.html_path, app_->count("--html") > 0},
+          {"--log", options_.log_path, app_->count("--log") > 0}};
       options_.processes_given = app_->count("--nproc") > 0;
       if (app_->count("--nproc") > 0 && app_->count("--launcher") == 0) {
         options_.launcher = "processes";

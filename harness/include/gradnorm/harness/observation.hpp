@@ -50,6 +50,9 @@ struct Observation {
   std::vector<StepRecord> steps;                // complete steps only
   std::optional<ErrorRecord> error;
   Counters counters;
+  // What this rank's code printed while it ran (harness/output_capture.hpp): shown under a
+  // row that fails, never part of the digest (a warning may carry a time or an address).
+  std::string output;
 };
 
 }  // namespace gradnorm::harness

@@ -40,6 +40,9 @@ struct EvaluationRow {
   long global_token_count = 0;
   double oracle_loss = 0;        // first step; NaN when no gradient exists
   double oracle_grad_norm = 0;   // first step, before clipping
+  // What the variant's code printed on this scenario (harness/output_capture.hpp), every
+  // rank's, each line after "[rank R] " when there are several; shown when the row fails.
+  std::string output;
 };
 
 struct SkippedPair {
