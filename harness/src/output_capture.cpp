@@ -16,10 +16,24 @@ namespace {
 
 std::atomic<OutputMode> g_mode{OutputMode::pass_through};
 
-// Whole lines: a last line without its newline gets one.
-std::string whole_lines(std::string text) {
-  if (!text.empty() && text.back() != '\n') text += '\n';
-  return text;
+// Whole lines, as a terminal shows them: a last line without its newline gets one, and a
+// line a progress bar redrew with carriage returns keeps what follows the last one.
+std::string whole_lines(std::string_view text) {
+  std::string out;
+  out.reserve(text.size() + 1);
+  while (!text.empty()) {
+    const std::size_t end = text.find('\n');
+    std::string_view line = text.substr(0, end);
+    while (!line.empty() && line.back() == '\r') line.remove_suffix(1);
+    if (const std::size_t redrawn = line.rfind('\r'); redrawn != std::string_view::npos) {
+      line.remove_prefix(redrawn + 1);
+    }
+    out.append(line);
+    out += '\n';
+    if (end == std::string_view::npos) break;
+    text.remove_prefix(end + 1);
+  }
+  return out;
 }
 
 }  // namespace

@@ -401,9 +401,12 @@ TEST_F(HeldOutput, ARanksPrintsAndLibTorchWarningsAreItsOwn) {
     RankOutput rank("s x v", 0);
     EXPECT_TRUE(hold_output("from Python\n"));
     TORCH_WARN("a LibTorch warning on the rank's thread");
+    EXPECT_TRUE(hold_output("progress 10%\rprogress 100%\r\n"));  // a bar redrawn in place
     EXPECT_TRUE(hold_output("no newline"));
     held = rank.take();
   }
+  EXPECT_TRUE(contains(held, "\nprogress 100%\n")) << held;
+  EXPECT_FALSE(contains(held, "10%")) << held;
   EXPECT_TRUE(contains(held, "from Python\n")) << held;
   EXPECT_TRUE(contains(held, "Warning: a LibTorch warning on the rank's thread (")) << held;
   EXPECT_TRUE(contains(held, "no newline\n")) << held;  // whole lines
