@@ -34,9 +34,9 @@
 #include <torch/csrc/distributed/c10d/Backend.hpp>
 #include <torch/csrc/distributed/c10d/Store.hpp>
 
-#include "gradnorm/harness/output_capture.hpp"
 #include "gradnorm/harness/communicator.hpp"
 #include "gradnorm/harness/gloo_groups.hpp"
+#include "gradnorm/harness/output_capture.hpp"
 #include "gradnorm/harness/runner.hpp"
 #include "gradnorm/harness/step.hpp"
 #include "gradnorm/harness/training.hpp"
