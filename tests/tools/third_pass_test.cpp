@@ -668,6 +668,8 @@ TEST(QuietOutput, WhatAStepPrintsIsHeldForItsRowAndShownWhenItFails) {
   EXPECT_TRUE(contains(live.err, "a logging warning")) << live.err;
   EXPECT_FALSE(contains(live.out, "its code printed")) << live.out;
   EXPECT_FALSE(contains(live.err, "held back")) << live.err;
+  verbose.insert(verbose.end(), {"--log", log.string()});
+  expect_exit(verbose, 2, "--verbose prints what the code under test prints, so --log would keep nothing");
 }
 
 TEST(QuietOutput, EveryRankProcesssOutputReachesTheFailingRow) {

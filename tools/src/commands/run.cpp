@@ -457,6 +457,10 @@ int run_command(const RunOptions& options, int argc, char** argv) {
                      options.scenario_files),
       options.python_step, recipes);
   // Before anything runs: a report path that cannot or must not be written is an input error.
+  if (options.verbose && !options.log_path.empty()) {
+    throw scenarios::InvalidInput(
+        "--verbose prints what the code under test prints, so --log would keep nothing: give one");
+  }
   check_report_paths(options.given_reports, run_inputs(options, scenario_list));
   remove_partial_reports_on_signals();
   // From here on, what the code under test prints is held for its row (or printed live).
