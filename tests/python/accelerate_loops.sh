@@ -4,7 +4,7 @@
 # micro-batch's mean) and token_loss.py (its variable-size guide's token-level loop), on one
 # device and on 2 rank processes over Gloo DDP, and a negative control for each duty of the
 # adapter (tests/python/accelerate/loops.py). The figures are the ones measured and explained in
-# docs/findings.md ("Accelerate"). Skips (77) where accelerate cannot be imported.
+# docs/findings.md ("Accelerate"). Skips (77) where accelerate is not installed.
 # Arguments: GRADNORM_BINARY SOURCE_DIR WORK_DIR
 set -uo pipefail
 framework=accelerate

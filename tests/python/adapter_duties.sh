@@ -10,7 +10,7 @@
 #   does nothing), fails that scenario at step 1;
 # - what rank 0 logged reaches every rank whole: full_finetune_distributed on
 #   dist/5-3-clip-active (its grad_norm) passes on 2 rank processes.
-# Skips (77) where torchtune, transformers or TRL cannot be imported.
+# Skips (77) where torchtune, transformers or TRL is not installed.
 # Arguments: GRADNORM_BINARY SOURCE_DIR WORK_DIR
 set -uo pipefail
 gradnorm="$1"
@@ -18,10 +18,8 @@ source_dir="$2"
 work="$3"
 python="${GRADNORM_PYTHON:?set it to the environment python, as ctest does}"
 trl="$(dirname "$(dirname "$python")")/trl-1.16.0"
-if ! why=$(PYTHONPATH="$trl" "$python" -W ignore -c 'import torchtune, transformers, trl' 2>&1); then
-  echo "SKIP: torchtune, transformers or TRL does not import in $python with $trl: $(echo "$why" | tail -1)"
-  exit 77
-fi
+source "$(dirname "${BASH_SOURCE[0]}")/require_packages.sh"
+require_packages "$trl" torchtune transformers trl
 source "$(dirname "${BASH_SOURCE[0]}")/script_common.sh"
 unset PYTHONPATH
 trainers=$source_dir/tests/python/duties/trainers.py

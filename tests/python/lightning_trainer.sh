@@ -6,7 +6,7 @@
 # processes over Gloo DDP; every duty of the adapter with a negative control (what it feeds,
 # captures, clips, logs, resets); Lightning's own argument parser for --recipe-arg; bad input
 # (exit 2). The figures are the ones measured and explained in docs/findings.md ("PyTorch
-# Lightning"). Skips (77) where lightning cannot be imported.
+# Lightning"). Skips (77) where lightning is not installed.
 # Arguments: GRADNORM_BINARY SOURCE_DIR WORK_DIR
 set -uo pipefail
 gradnorm="$1"
@@ -14,12 +14,8 @@ source_dir="$2"
 work="$3"
 python="${GRADNORM_PYTHON:?set it to the environment python, as ctest does}"
 v25="$(dirname "$(dirname "$python")")/lightning-2.5.6"
-for env in "" "$v25"; do
-  if ! why=$(PYTHONPATH="$env" "$python" -c 'import lightning.pytorch, pytorch_lightning' 2>&1); then
-    echo "SKIP: lightning does not import in $python${env:+ with $env}: $(echo "$why" | tail -1)"
-    exit 77
-  fi
-done
+source "$(dirname "${BASH_SOURCE[0]}")/require_packages.sh"
+for env in "" "$v25"; do require_packages "$env" lightning pytorch_lightning; done
 source "$(dirname "${BASH_SOURCE[0]}")/script_common.sh"
 unset PYTHONPATH
 examples=$source_dir/examples/lightning
@@ -102,42 +98,41 @@ done
 row lightning/dist-accum2-momentum-3steps-clip lightning/token_normalised.TokenNormalised pass tokens-dist.txt
 expect "tokens-dist: exit 0" tokens-dist.txt
 
-# pytorch_lightning's Trainer for a module of that name.
-"$gradnorm" run --recipe "lightning:$tests/pl_mean_loss.py:PlMeanLoss" -s single/n5/float32 > pl.txt 2>&1
-row tiny_transformer/single/n5/float32 lightning/pl_mean_loss.PlMeanLoss pass pl.txt
-expect "(pytorch_lightning 2.6.6's Trainer), unmodified" pl.txt
-
-# Negative controls, one per duty of the adapter, each a module patched through Lightning's
-# own hooks (tests/python/lightning/modules.py).
+# pytorch_lightning's Trainer for a module of that name, in one run with the negative controls,
+# one per duty of the adapter, each a module patched through Lightning's own hooks
+# (tests/python/lightning/modules.py, as the variants of controls.toml), each on the scenarios
+# of every control.
+"$gradnorm" run --recipe "lightning:$tests/pl_mean_loss.py:PlMeanLoss" -f "$tests/controls.toml" \
+  -s single/n5/float32 -s single/n5-momentum-3steps/float32 -s single/accum2-ragged/float32 \
+  -s single/clip-active/float32 > controls.txt 2>&1
+n5=tiny_transformer/single/n5/float32
+row $n5 lightning/pl_mean_loss.PlMeanLoss pass controls.txt
+expect "(pytorch_lightning 2.6.6's Trainer), unmodified" controls.txt
 # Resets: zero_grad skipped piles each step's gradients onto the last's.
-"$gradnorm" run --recipe "lightning:$tests/modules.py:ForgetsZeroGrad" -s single/n5-momentum-3steps/float32 \
-  > zero-grad.txt 2>&1
-row tiny_transformer/single/n5-momentum-3steps/float32 lightning/modules.ForgetsZeroGrad fail zero-grad.txt
-expect "step 1: gradients rel L2 error 0.887 > 1e-05" zero-grad.txt
-"$gradnorm" run --recipe "lightning:$tests/modules.py:ForgetsZeroGrad" --nproc 2 -f "$scenarios" \
-  -s 'lightning/dist*' > zero-grad-dist.txt 2>&1
-row lightning/dist-accum2-momentum-3steps-clip lightning/modules.ForgetsZeroGrad fail zero-grad-dist.txt
-expect "every rank: step 1: gradients rel L2 error" zero-grad-dist.txt
+row tiny_transformer/single/n5-momentum-3steps/float32 controls/forgets-zero-grad fail controls.txt
+reason tiny_transformer/single/n5-momentum-3steps/float32 controls/forgets-zero-grad \
+  "step 1: gradients rel L2 error 0.887 > 1e-05" controls.txt
 # Feeds: what reached the model is checked against the scenario's micro-batches.
-"$gradnorm" run --recipe "lightning:$tests/modules.py:FeedsReversed" -s single/accum2-ragged/float32 \
-  > fed.txt 2>&1
-row tiny_transformer/single/accum2-ragged/float32 lightning/modules.FeedsReversed error-mismatch fed.txt
-expect "rank 0 step 0: the model was given input_ids that are not this window's micro-batches in order" fed.txt
-"$gradnorm" run --recipe "lightning:$tests/modules.py:FeedsReversed" --nproc 2 -s dist/5-3/float32 \
-  > fed-dist.txt 2>&1
-expect "rank 1 step 0: the model was given input_ids that are not this window's micro-batches in order" fed-dist.txt
+row tiny_transformer/single/accum2-ragged/float32 controls/feeds-reversed error-mismatch controls.txt
+reason tiny_transformer/single/accum2-ragged/float32 controls/feeds-reversed \
+  "rank 0 step 0: the model was given input_ids that are not this window's micro-batches in order" controls.txt
 # Logs: nothing under "loss", or another value than the loss.
-"$gradnorm" run --recipe "lightning:$tests/modules.py:SkipsLog" -s single/n5/float32 > no-log.txt 2>&1
-expect "step 0: no loss was logged" no-log.txt
-"$gradnorm" run --recipe "lightning:$tests/modules.py:SkipsLog" --recipe-arg log_name=train_loss \
-  -s single/n5/float32 > log-name.txt 2>&1
-row tiny_transformer/single/n5/float32 lightning/modules.SkipsLog pass log-name.txt
-"$gradnorm" run --recipe "lightning:$tests/modules.py:LogsDoubled" -s single/n5/float32 > doubled.txt 2>&1
-expect "step 0: logged loss 4.53319073, oracle 2.26659533" doubled.txt
+reason $n5 controls/skips-log "step 0: no loss was logged" controls.txt
+row $n5 controls/logs-as-train-loss pass controls.txt
+reason $n5 controls/logs-doubled "step 0: logged loss 4.53319073, oracle 2.26659533" controls.txt
 # Clips: a module clipping to a tenth of the norm it was given.
-"$gradnorm" run --recipe "lightning:$tests/modules.py:ClipsTwice" -s single/clip-active/float32 > clip.txt 2>&1
-row tiny_transformer/single/clip-active/float32 lightning/modules.ClipsTwice fail clip.txt
-expect "step 0: gradients rel L2 error 0.9 > 1e-05" clip.txt
+row tiny_transformer/single/clip-active/float32 controls/clips-twice fail controls.txt
+reason tiny_transformer/single/clip-active/float32 controls/clips-twice \
+  "step 0: gradients rel L2 error 0.9 > 1e-05" controls.txt
+# The resets and the feeds on 2 rank processes (with the other controls, which cost little).
+"$gradnorm" run --recipe "lightning:$tests/modules.py:ForgetsZeroGrad" --nproc 2 -f "$scenarios" \
+  -f "$tests/controls.toml" -s 'lightning/dist*' -s dist/5-3/float32 \
+  > controls-dist.txt 2>&1
+row lightning/dist-accum2-momentum-3steps-clip lightning/modules.ForgetsZeroGrad fail controls-dist.txt
+reason lightning/dist-accum2-momentum-3steps-clip lightning/modules.ForgetsZeroGrad \
+  "every rank: step 1: gradients rel L2 error" controls-dist.txt
+reason tiny_transformer/dist/5-3/float32 controls/feeds-reversed \
+  "rank 1 step 0: the model was given input_ids that are not this window's micro-batches in order" controls-dist.txt
 
 # Lightning 2.5.6 (requirements-lightning25.txt's folder, first on PYTHONPATH): the same
 # figures, from the same lines (automatic.py:83 and :329 in both versions).
@@ -152,12 +147,25 @@ row tiny_transformer/dist/5-3/float32 lightning/token_normalised.TokenNormalised
 
 # Lightning Fabric: a user's loop (examples/fabric/loops.py), one device and 2 ranks.
 loops=$source_dir/examples/fabric/loops.py
-"$gradnorm" run --recipe "fabric:$loops:mean_loop" -s single/n5/float32 -s single/accum2-ragged/float32 \
-  > fabric-mean.txt 2>&1
-row tiny_transformer/single/n5/float32 fabric/loops.mean_loop pass fabric-mean.txt
+# With the loop, its negative controls (tests/python/lightning/loops.py, as the variants of
+# fabric_controls.toml): resets, feeds, logs, clips, each on the scenarios of every control.
+"$gradnorm" run --recipe "fabric:$loops:mean_loop" -f "$tests/fabric_controls.toml" -f "$scenarios" \
+  -s single/n5/float32 -s single/accum2-ragged/float32 -s single/clip-active/float32 \
+  -s 'lightning/accum2*' > fabric-mean.txt 2>&1
+row $n5 fabric/loops.mean_loop pass fabric-mean.txt
 row tiny_transformer/single/accum2-ragged/float32 fabric/loops.mean_loop fail fabric-mean.txt
-expect "step 0: gradients rel L2 error 0.289 > 1e-05" fabric-mean.txt
+reason tiny_transformer/single/accum2-ragged/float32 fabric/loops.mean_loop \
+  "step 0: gradients rel L2 error 0.289 > 1e-05" fabric-mean.txt
 expect "fabric/loops.mean_loop is $loops:mean_loop (lightning 2.6.6's Fabric), unmodified" fabric-mean.txt
+row lightning/accum2-momentum-3steps-clip fabric-controls/forgets-zero-grad fail fabric-mean.txt
+reason lightning/accum2-momentum-3steps-clip fabric-controls/forgets-zero-grad \
+  "step 1: gradients rel L2 error" fabric-mean.txt
+reason tiny_transformer/single/accum2-ragged/float32 fabric-controls/feeds-reversed \
+  "rank 0 step 0: the model was given input_ids that are not this window's micro-batches in order" fabric-mean.txt
+reason $n5 fabric-controls/logs-elsewhere "step 0: no loss was logged" fabric-mean.txt
+row $n5 fabric-controls/logs-as-train-loss pass fabric-mean.txt
+reason tiny_transformer/single/clip-active/float32 fabric-controls/never-clips \
+  "step 0: clip_max_norm is 0.01 but clip_grad_norm_ never ran" fabric-mean.txt
 "$gradnorm" run --recipe "fabric:$loops:token_loop" -s single/accum2-ragged/float32 \
   -s single/accum2-clip-active/float32 -s single/accum2-empty-first-mean_ce/float32 \
   -f "$scenarios" -s 'lightning/accum2*' > fabric-tokens.txt 2>&1
@@ -174,21 +182,6 @@ expect "every rank: step 0: gradients rel L2 error 0.244 > 1e-05" fabric-mean-di
   -f "$scenarios" -s 'lightning/dist*' > fabric-tokens-dist.txt 2>&1
 row tiny_transformer/dist/5-3-clip-active/float32 fabric/loops.token_loop pass fabric-tokens-dist.txt
 row lightning/dist-accum2-momentum-3steps-clip fabric/loops.token_loop pass fabric-tokens-dist.txt
-# Its negative controls (tests/python/lightning/loops.py): resets, feeds, logs, clips.
-fabric_tests=$tests/loops.py
-"$gradnorm" run --recipe "fabric:$fabric_tests:forgets_zero_grad" -f "$scenarios" -s 'lightning/accum2*' \
-  > fabric-zero-grad.txt 2>&1
-row lightning/accum2-momentum-3steps-clip fabric/loops.forgets_zero_grad fail fabric-zero-grad.txt
-expect "step 1: gradients rel L2 error" fabric-zero-grad.txt
-"$gradnorm" run --recipe "fabric:$fabric_tests:feeds_reversed" -s single/accum2-ragged/float32 > fabric-fed.txt 2>&1
-expect "rank 0 step 0: the model was given input_ids that are not this window's micro-batches in order" fabric-fed.txt
-"$gradnorm" run --recipe "fabric:$fabric_tests:logs_elsewhere" -s single/n5/float32 > fabric-no-log.txt 2>&1
-expect "step 0: no loss was logged" fabric-no-log.txt
-"$gradnorm" run --recipe "fabric:$fabric_tests:logs_elsewhere" --recipe-arg log_name=train_loss \
-  -s single/n5/float32 > fabric-log-name.txt 2>&1
-row tiny_transformer/single/n5/float32 fabric/loops.logs_elsewhere pass fabric-log-name.txt
-"$gradnorm" run --recipe "fabric:$fabric_tests:never_clips" -s single/clip-active/float32 > fabric-clip.txt 2>&1
-expect "step 0: clip_max_norm is 0.01 but clip_grad_norm_ never ran" fabric-clip.txt
 
 # Bad input: exit 2 before anything runs, naming what is wrong.
 bad() {  # bad NAME TEXT ARGS...: exit 2 and TEXT in the message

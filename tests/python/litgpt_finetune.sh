@@ -6,7 +6,7 @@
 # the adapter, each a copy of litgpt's package with finetune/full.py patched at test time
 # (zero_grad deleted, the input reversed, twice the loss logged); Lightning Fabric refusing its
 # FSDP off a GPU on 2 ranks; bad input (exit 2). The figures are the ones measured and explained
-# in docs/findings.md ("litgpt"). Skips (77) where litgpt cannot be imported.
+# in docs/findings.md ("litgpt"). Skips (77) where litgpt is not installed.
 # Arguments: GRADNORM_BINARY SOURCE_DIR WORK_DIR
 set -uo pipefail
 gradnorm="$1"
@@ -15,10 +15,8 @@ work="$3"
 python="${GRADNORM_PYTHON:?set it to the environment python, as ctest does}"
 envdir="$(dirname "$(dirname "$python")")"
 overlay="$envdir/litgpt-0.5.13:$envdir/transformers-4.57.6"
-if ! why=$(PYTHONPATH="$overlay" "$python" -W ignore -c 'import litgpt.finetune.full' 2>&1); then
-  echo "SKIP: litgpt does not import in $python with $overlay: $(echo "$why" | tail -1)"
-  exit 77
-fi
+source "$(dirname "${BASH_SOURCE[0]}")/require_packages.sh"
+require_packages "$overlay" litgpt
 source "$(dirname "${BASH_SOURCE[0]}")/script_common.sh"
 export PYTHONPATH="$overlay"
 full=litgpt/finetune_full

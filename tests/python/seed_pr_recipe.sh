@@ -8,7 +8,7 @@
 #     by N are each caught;
 #   - `gradnorm diff` of the original against each edit names the regression and its
 #     reproduce command.
-# Skips (77) where torchtune cannot be imported, saying why.
+# Skips (77) where torchtune is not installed, saying why.
 # Arguments: GRADNORM_BINARY WORK_DIR
 set -uo pipefail
 gradnorm="$1"

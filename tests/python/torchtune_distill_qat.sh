@@ -5,7 +5,7 @@
 # transcription documents (--findings-of kd-*); qat_distributed on 2 rank processes with
 # torchtune's own QAT quantizer (fake quantisation held off); qat_lora_finetune_distributed
 # left out with its reason. The figures are the ones measured and explained in docs/findings.md
-# ("torchtune's own recipes"). Skips (77) where torchtune cannot be imported, saying why.
+# ("torchtune's own recipes"). Skips (77) where torchtune is not installed, saying why.
 # Arguments: GRADNORM_BINARY SOURCE_DIR WORK_DIR
 set -uo pipefail
 gradnorm="$1"

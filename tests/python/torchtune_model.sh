@@ -2,7 +2,7 @@
 # ctest: torchtune's own Llama 3 decoder (examples/torchtune/tiny_llama.py), built by the
 # installed torchtune, trained by gradnorm's steps and judged: on one device and on [5, 3]
 # in float32 and bfloat16 with threads, FSDP2 around it on 2 rank processes, refused in
-# float64. Skips (77) where torchtune cannot be imported, saying why.
+# float64. Skips (77) where torchtune is not installed, saying why.
 # Arguments: GRADNORM_BINARY SOURCE_DIR WORK_DIR
 set -uo pipefail
 gradnorm="$1"

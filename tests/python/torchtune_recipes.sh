@@ -4,7 +4,7 @@
 # and on first_label = "valid": full_finetune_single_device in-process, and
 # full_finetune_distributed on 2 rank processes over Gloo. The figures expected here are the
 # ones measured and explained in docs/findings.md ("torchtune's own recipes"). Skips (77) where
-# torchtune cannot be imported, saying why.
+# torchtune is not installed, saying why.
 # Arguments: GRADNORM_BINARY SOURCE_DIR WORK_DIR
 set -uo pipefail
 gradnorm="$1"
@@ -17,25 +17,26 @@ distributed=torchtune/full_finetune_distributed
 "$gradnorm" run --recipe torchtune:full_finetune_single_device -v baseline \
   -s single/n3/float32 -s single/clip-zero/float32 -s single/in-bwd-n5/float32 \
   -s single/in-bwd-clip-refused/float32 -s single/accum2-empty-first-mean_ce/float32 \
-  --json single.json > single.txt 2>&1
+  -s 'first-valid/single/*/float32' --json single.json > single.txt 2>&1
 echo "single: exit $?" >> single.txt
 row tiny_llama/single/n3/float32 "$single" pass single.txt
 # 0.6.1 clips when clip_grad_norm is not None, so 0 clips to zero as the oracle does.
 row tiny_llama/single/clip-zero/float32 "$single" pass single.txt
 # Optimizer in backward: the recipe backwards mean * n and never divides by N.
 row tiny_llama/single/in-bwd-n5/float32 "$single" fail single.txt
-expect "step 0: gradients rel L2 error 4 > 1e-05" single.txt
+reason tiny_llama/single/in-bwd-n5/float32 "$single" "step 0: gradients rel L2 error 4 > 1e-05" single.txt
 # The recipe refuses clipping with optimizer in backward in its constructor, as the reference does.
 row tiny_llama/single/in-bwd-clip-refused/float32 "$single" expected-error single.txt
 # An empty micro-batch: 0 * NaN in the running loss makes the logged loss NaN.
 row tiny_llama/single/accum2-empty-first-mean_ce/float32 "$single" fail single.txt
-expect "step 0: logged loss -nan" single.txt
+reason tiny_llama/single/accum2-empty-first-mean_ce/float32 "$single" "step 0: logged loss -nan" single.txt
 expect "single: exit 1" single.txt
 "$python" -c 'import json,sys; r=json.load(open("single.json")); sys.exit(0 if any(x["variant"]=="torchtune/full_finetune_single_device" for x in r["records"]) else 1)' \
   || { echo "FAIL: single.json holds no recipe row"; failed=1; }
 
 "$gradnorm" run --recipe torchtune:full_finetune_distributed --nproc 2 -v baseline \
-  -s dist/5-3/float32 -s dist/0-8/float32 > dist.txt 2>&1
+  -s dist/5-3/float32 -s dist/0-8/float32 -s 'first-valid/dist/5-3/float32' \
+  -s 'first-valid/dist/4-4/float32' > dist.txt 2>&1
 echo "dist: exit $?" >> dist.txt
 row tiny_llama/dist/5-3/float32 "$distributed" pass dist.txt
 # Bit-equal to the transcription (=ref yes). The error figures themselves are the CPU's: MKL
@@ -56,21 +57,17 @@ row tiny_llama_lora/single/accum2-empty-first-mean_ce/float32 torchtune/lora_fin
   -s dist/5-3/float32 > lora-dist.txt 2>&1
 row tiny_llama_lora/dist/5-3/float32 torchtune/lora_finetune_distributed pass lora-dist.txt
 
-# The catalogue's first-valid/X: X with each sequence's first label valid (training on the
-# input), nothing else changed.
-"$gradnorm" run -s 'first-valid/single/*/float32' --recipe torchtune:full_finetune_single_device \
-  -v baseline > first-single.txt 2>&1
-# The recipe counts labels before it shifts them: each sequence's valid first label is
-# counted but never in the loss. One micro-batch cancels; ragged accumulation does not.
-row tiny_llama/first-valid/single/n5/float32 "$single" pass first-single.txt
-row tiny_llama/first-valid/single/accum2-ragged/float32 "$single" fail first-single.txt
-row tiny_llama/first-valid/single/accum2-ragged/float32 baseline pass first-single.txt
-expect "step 0: gradients rel L2 error 0.0851 > 1e-05" first-single.txt
-"$gradnorm" run -s 'first-valid/dist/5-3/float32' -s 'first-valid/dist/4-4/float32' \
-  --recipe torchtune:full_finetune_distributed --nproc 2 -v baseline > first-dist.txt 2>&1
-row tiny_llama/first-valid/dist/5-3/float32 "$distributed" fail first-dist.txt
-row tiny_llama/first-valid/dist/4-4/float32 "$distributed" pass first-dist.txt
-expect "every rank: step 0: gradients rel L2 error 0.083 > 1e-05" first-dist.txt
+# The catalogue's first-valid/X (in the first two runs): X with each sequence's first label
+# valid (training on the input), nothing else changed. The recipe counts labels before it
+# shifts them: each sequence's valid first label is counted but never in the loss. One
+# micro-batch cancels; ragged accumulation does not.
+row tiny_llama/first-valid/single/n5/float32 "$single" pass single.txt
+row tiny_llama/first-valid/single/accum2-ragged/float32 "$single" fail single.txt
+row tiny_llama/first-valid/single/accum2-ragged/float32 baseline pass single.txt
+reason tiny_llama/first-valid/single/accum2-ragged/float32 "$single" "step 0: gradients rel L2 error 0.0851 > 1e-05" single.txt
+row tiny_llama/first-valid/dist/5-3/float32 "$distributed" fail dist.txt
+row tiny_llama/first-valid/dist/4-4/float32 "$distributed" pass dist.txt
+reason tiny_llama/first-valid/dist/5-3/float32 "$distributed" "every rank: step 0: gradients rel L2 error 0.083 > 1e-05" dist.txt
 
 # Negative controls of the plumbing: bad input is exit 2 before anything runs.
 "$gradnorm" run --recipe torchtune:no_such_recipe -s single/n3/float32 > unknown.txt 2>&1
@@ -113,15 +110,21 @@ expect "typo: exit 0" typo.txt
 # A recipe constructor that runs out of memory or recursion did not refuse the configuration:
 # recorded as its own error type, where it read as a "refusal" (what a reference's refusal is
 # matched against). Control: a ValueError there is one.
-recipe=$("$python" -W ignore -c 'import os, torchtune; print(os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(torchtune.__file__))), "recipes", "full_finetune_single_device.py"))')
+# (torchtune's recipes folder, found without importing torchtune.)
+recipe=$("$python" -c 'import importlib.util, os; print(os.path.join(os.path.dirname(os.path.dirname(importlib.util.find_spec("torchtune").origin)), "recipes", "full_finetune_single_device.py"))')
 for raised in MemoryError RecursionError ValueError; do
   sed "/def __init__(self, cfg: DictConfig) -> None:/a\\        raise $raised('in __init__')" "$recipe" > "init_$raised.py"
-  "$gradnorm" run --recipe "torchtune:init_$raised.py" -s single/n3/float32 > "init_$raised.txt" 2>&1
-  echo "init: exit $?" >> "init_$raised.txt"
 done
-expect "raised MemoryError (in __init__ (at" init_MemoryError.txt
-expect "raised RecursionError (in __init__ (at" init_RecursionError.txt
-expect "raised refusal (in __init__ (at" init_ValueError.txt
+# One run, the second and third as variants of a scenario file.
+printf '[[variant]]\nname = "torchtune/init_%s"\nrecipe = "torchtune:init_%s.py"\n' \
+  RecursionError RecursionError ValueError ValueError > init.toml
+"$gradnorm" run --recipe torchtune:init_MemoryError.py -f init.toml -s single/n3/float32 > init.txt 2>&1
+for raised in MemoryError RecursionError ValueError; do
+  row tiny_llama/single/n3/float32 torchtune/init_$raised error-mismatch init.txt
+done
+reason tiny_llama/single/n3/float32 torchtune/init_MemoryError "raised MemoryError (in __init__ (at" init.txt
+reason tiny_llama/single/n3/float32 torchtune/init_RecursionError "raised RecursionError (in __init__ (at" init.txt
+reason tiny_llama/single/n3/float32 torchtune/init_ValueError "raised refusal (in __init__ (at" init.txt
 "$gradnorm" run --recipe torchtune:full_finetune_distributed -s dist/5-3/float32 > threads.txt 2>&1
 echo "threads: exit $?" >> threads.txt
 expect "needs a torch.distributed process group, which gradnorm's ranks have only as processes" threads.txt

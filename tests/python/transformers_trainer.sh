@@ -7,7 +7,7 @@
 # compute_loss_func from a file; the proof that each rank trains on its own micro-batches;
 # 5.17.0 (requirements-transformers517.txt's folder) on the rows where 4.57.6 and 5.18.0 part;
 # bad input (exit 2). The figures are the ones measured and explained in docs/findings.md
-# ("Hugging Face Transformers' Trainer"). Skips (77) where transformers cannot be imported.
+# ("Hugging Face Transformers' Trainer"). Skips (77) where transformers is not installed.
 # Arguments: GRADNORM_BINARY SOURCE_DIR WORK_DIR
 set -uo pipefail
 gradnorm="$1"
@@ -16,12 +16,8 @@ work="$3"
 python="${GRADNORM_PYTHON:?set it to the environment python, as ctest does}"
 v4="$(dirname "$(dirname "$python")")/transformers-4.57.6"
 v517="$(dirname "$(dirname "$python")")/transformers-5.17.0"
-for env in "" "$v4" "$v517"; do
-  if ! why=$(PYTHONPATH="$env" "$python" -c 'import transformers, accelerate' 2>&1); then
-    echo "SKIP: transformers does not import in $python${env:+ with $env}: $(echo "$why" | tail -1)"
-    exit 77
-  fi
-done
+source "$(dirname "${BASH_SOURCE[0]}")/require_packages.sh"
+for env in "" "$v4" "$v517"; do require_packages "$env" transformers accelerate; done
 source "$(dirname "${BASH_SOURCE[0]}")/script_common.sh"
 unset PYTHONPATH
 trainer=transformers/trainer
@@ -61,23 +57,24 @@ expect "gradnorm: the code under test printed" v5-dist.txt
 # The rank processes below are forked warm from the supervisor (docs/ranks.md, "Warm rank
 # processes"), as fuzz --nproc forks them; the run above exec'd its ranks, the default.
 export GRADNORM_WARM_RANKS=1
-"$gradnorm" run --recipe transformers:trainer --nproc 2 -s dist/5-3/float32 \
-  --recipe-arg average_tokens_across_devices=False > v5-noavg.txt 2>&1
-row hf_tiny_llama/dist/5-3/float32 $trainer fail v5-noavg.txt
-expect "every rank: step 0: gradients rel L2 error 0.223 > 1e-05" v5-noavg.txt
-# A failing row shows what each rank's code said (LibTorch's warning, held on the rank's thread).
-expect "| [rank 1] Warning: find_unused_parameters=True was specified in DDP constructor" v5-noavg.txt
-expect_not "[rank0]:[W" v5-noavg.txt
-# The other spellings Hugging Face's own parser (HfArgumentParser) takes for False, as its
-# command line and YAML configs spell them: each trains without averaging. Before the value
-# was parsed by that parser, "false" was the string "false", which is true: averaging stayed
-# on and the row passed.
-for spelling in false no 0; do
-  "$gradnorm" run --recipe transformers:trainer --nproc 2 -s dist/5-3/float32 \
-    --recipe-arg average_tokens_across_devices=$spelling > v5-noavg-$spelling.txt 2>&1
-  row hf_tiny_llama/dist/5-3/float32 $trainer fail v5-noavg-$spelling.txt
-  expect "every rank: step 0: gradients rel L2 error 0.223 > 1e-05" v5-noavg-$spelling.txt
+# Off, as False and as the other spellings Hugging Face's own parser (HfArgumentParser) takes
+# for False, as its command line and YAML configs spell them: variants of one run, each
+# training without averaging. Before the value was parsed by that parser, "false" was the
+# string "false", which is true: averaging stayed on and the row passed.
+for spelling in False false no 0; do
+  printf '[[variant]]\nname = "noavg/%s"\nrecipe = "transformers:trainer"\nrecipe_args = ["average_tokens_across_devices=%s"]\n' \
+    "$spelling" "$spelling"
+done > noavg.toml
+"$gradnorm" run --recipe transformers:trainer -f noavg.toml --nproc 2 -s dist/5-3/float32 > v5-noavg.txt 2>&1
+row hf_tiny_llama/dist/5-3/float32 $trainer pass v5-noavg.txt
+for spelling in False false no 0; do
+  row hf_tiny_llama/dist/5-3/float32 noavg/$spelling fail v5-noavg.txt
+  reason hf_tiny_llama/dist/5-3/float32 noavg/$spelling "every rank: step 0: gradients rel L2 error 0.223 > 1e-05" v5-noavg.txt
 done
+# A failing row shows what each rank's code said (LibTorch's warning, held on the rank's thread;
+# LibTorch gives it once a process, so under the first failing row).
+reason hf_tiny_llama/dist/5-3/float32 noavg/False "| [rank 1] Warning: find_unused_parameters=True was specified in DDP constructor" v5-noavg.txt
+expect_not "[rank0]:[W" v5-noavg.txt
 
 # 4.57.6: counts the label the model's shift drops; rounds the logged loss to 4 decimals.
 PYTHONPATH="$v4" "$gradnorm" run --recipe transformers:trainer -s single/accum2-ragged/float32 \
@@ -134,11 +131,27 @@ def per_token(outputs, labels, num_items_in_batch=None):
     return outputs.logits.sum(-1)
 PY
 for bad in as_float detached per_token; do
-  "$gradnorm" run --recipe "transformers:$work/bad_losses.py:$bad" -s single/n3/float32 > "$bad.txt" 2>&1
-done
-expect "compute_loss_func $work/bad_losses.py:as_float returned float: Trainer backwards what it returns" as_float.txt
-expect "compute_loss_func $work/bad_losses.py:detached returned a loss without grad" detached.txt
-expect "compute_loss_func $work/bad_losses.py:per_token returned a tensor of shape [2, 8]" per_token.txt
+  printf '[[variant]]\nname = "bad/%s"\nrecipe = "transformers:%s/bad_losses.py:%s"\n' "$bad" "$work" "$bad"
+done > bad_losses.toml
+# Negative control of the feeding proof, in the same run: a Trainer that swaps the sequences
+# of each micro-batch it is given trains on what the scenario never gave: an error naming the rank.
+cat > swapped.py <<'PY'
+from transformers import Trainer
+
+
+class SwapsSequences(Trainer):
+    def training_step(self, model, inputs, num_items_in_batch=None):
+        inputs = {key: value.flip(0) for key, value in inputs.items()}
+        return super().training_step(model, inputs, num_items_in_batch)
+PY
+"$gradnorm" run --recipe "transformers:$work/swapped.py:SwapsSequences" -f bad_losses.toml \
+  -s single/n3/float32 > bad.txt 2>&1
+n3=hf_tiny_llama/single/n3/float32
+reason $n3 bad/as_float "compute_loss_func $work/bad_losses.py:as_float returned float: Trainer backwards what it returns" bad.txt
+reason $n3 bad/detached "compute_loss_func $work/bad_losses.py:detached returned a loss without grad" bad.txt
+reason $n3 bad/per_token "compute_loss_func $work/bad_losses.py:per_token returned a tensor of shape [2, 8]" bad.txt
+row $n3 transformers/swapped.SwapsSequences error-mismatch bad.txt
+reason $n3 transformers/swapped.SwapsSequences "the model was given input_ids that are not this window's micro-batches in order" bad.txt
 
 # A pull request that swaps Trainer's loss for a per-micro-batch mean, under one name: gradnorm
 # diff names the regression and a command that reproduces it, which runs as printed (the row's
@@ -158,21 +171,6 @@ echo "reproduce: exit $?" >> reproduce.txt
 row hf_tiny_llama/single/accum2-ragged/float32 hf/step fail reproduce.txt
 expect "reproduce: exit 1" reproduce.txt
 
-# Negative control of the feeding proof: a Trainer that swaps the sequences of each
-# micro-batch it is given trains on what the scenario never gave: an error naming the rank.
-cat > swapped.py <<'PY'
-from transformers import Trainer
-
-
-class SwapsSequences(Trainer):
-    def training_step(self, model, inputs, num_items_in_batch=None):
-        inputs = {key: value.flip(0) for key, value in inputs.items()}
-        return super().training_step(model, inputs, num_items_in_batch)
-PY
-"$gradnorm" run --recipe "transformers:$work/swapped.py:SwapsSequences" -s single/n3/float32 \
-  > swapped.txt 2>&1
-row hf_tiny_llama/single/n3/float32 transformers/swapped.SwapsSequences error-mismatch swapped.txt
-expect "the model was given input_ids that are not this window's micro-batches in order" swapped.txt
 # The same on 2 rank processes: each rank's proof names that rank.
 "$gradnorm" run --recipe "transformers:$work/swapped.py:SwapsSequences" --nproc 2 \
   -s dist/5-3/float32 > swapped-dist.txt 2>&1
@@ -184,19 +182,6 @@ expect "rank 1: raised RuntimeError (rank 1 step 0: the model was given input_id
 # for it; one device and 2 ranks pass with the clip active (the unclipped gradients are about
 # 176 times the clipped ones on single/n3). Negative control: a Trainer subclass that turns
 # clipping off fails (rel. 176). The reproduce form of the name selects the same scenario.
-"$gradnorm" run --recipe transformers:trainer --recipe-arg max_grad_norm=0.01 \
-  -s single/n3/float32 -s single/accum2-ragged/float32 > clip.txt 2>&1
-row "hf_tiny_llama/single/n3/float32@max_grad_norm=0.01" $trainer pass clip.txt
-row "hf_tiny_llama/single/accum2-ragged/float32@max_grad_norm=0.01" $trainer pass clip.txt
-"$gradnorm" run --recipe transformers:trainer --recipe-arg max_grad_norm=0.01 --nproc 2 \
-  -s "hf_tiny_llama/dist/5-3/float32@max_grad_norm=0.01" > clip-dist.txt 2>&1
-row "hf_tiny_llama/dist/5-3/float32@max_grad_norm=0.01" $trainer pass clip-dist.txt
-# That name without the --recipe-arg (or with another V) is no scenario of the run: exit 2.
-"$gradnorm" run --recipe transformers:trainer -s "hf_tiny_llama/single/n3/float32@max_grad_norm=0.01" \
-  > clip-unasked.txt 2>&1
-echo "clip-unasked: exit $?" >> clip-unasked.txt
-expect "unknown scenario 'single/n3/float32@max_grad_norm=0.01'" clip-unasked.txt
-expect "clip-unasked: exit 2" clip-unasked.txt
 cat > noclip.py <<'PY'
 from transformers import Trainer
 
@@ -206,10 +191,23 @@ class NeverClips(Trainer):
         super().__init__(*args, **kwargs)
         self.args.max_grad_norm = 0.0
 PY
-"$gradnorm" run --recipe "transformers:$work/noclip.py:NeverClips" --recipe-arg max_grad_norm=0.01 \
-  -s single/n3/float32 > noclip.txt 2>&1
-row "hf_tiny_llama/single/n3/float32@max_grad_norm=0.01" transformers/noclip.NeverClips fail noclip.txt
-expect "step 0: gradients rel L2 error 176 > 1e-05" noclip.txt
+printf '[[variant]]\nname = "noclip"\nrecipe = "transformers:noclip.py:NeverClips"\nrecipe_args = ["max_grad_norm=0.01"]\n' \
+  > noclip.toml
+"$gradnorm" run --recipe transformers:trainer --recipe-arg max_grad_norm=0.01 -f noclip.toml \
+  -s single/n3/float32 -s single/accum2-ragged/float32 > clip.txt 2>&1
+row "hf_tiny_llama/single/n3/float32@max_grad_norm=0.01" $trainer pass clip.txt
+row "hf_tiny_llama/single/accum2-ragged/float32@max_grad_norm=0.01" $trainer pass clip.txt
+row "hf_tiny_llama/single/n3/float32@max_grad_norm=0.01" noclip fail clip.txt
+reason "hf_tiny_llama/single/n3/float32@max_grad_norm=0.01" noclip "step 0: gradients rel L2 error 176 > 1e-05" clip.txt
+"$gradnorm" run --recipe transformers:trainer --recipe-arg max_grad_norm=0.01 --nproc 2 \
+  -s "hf_tiny_llama/dist/5-3/float32@max_grad_norm=0.01" > clip-dist.txt 2>&1
+row "hf_tiny_llama/dist/5-3/float32@max_grad_norm=0.01" $trainer pass clip-dist.txt
+# That name without the --recipe-arg (or with another V) is no scenario of the run: exit 2.
+"$gradnorm" run --recipe transformers:trainer -s "hf_tiny_llama/single/n3/float32@max_grad_norm=0.01" \
+  > clip-unasked.txt 2>&1
+echo "clip-unasked: exit $?" >> clip-unasked.txt
+expect "unknown scenario 'single/n3/float32@max_grad_norm=0.01'" clip-unasked.txt
+expect "clip-unasked: exit 2" clip-unasked.txt
 # A scenario file's recipe_args that clip otherwise than its scenario: the pair is left out.
 cat > clipfile.toml <<TOML
 [[variant]]

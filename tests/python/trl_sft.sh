@@ -20,12 +20,8 @@ overlay="$envdir/trl-1.16.0"
 # folder before 4.57.6's; requirements-trl.txt's before 5.17.0's).
 v4="$envdir/trl-1.16.0-transformers-4.57.6:$envdir/transformers-4.57.6"
 v517="$overlay:$envdir/transformers-5.17.0"
-for env in "$overlay" "$v4" "$v517"; do
-  if ! why=$(PYTHONPATH="$env" "$python" -W ignore -c 'import trl, transformers' 2>&1); then
-    echo "SKIP: TRL does not import in $python with $env: $(echo "$why" | tail -1)"
-    exit 77
-  fi
-done
+source "$(dirname "${BASH_SOURCE[0]}")/require_packages.sh"
+for env in "$overlay" "$v4" "$v517"; do require_packages "$env" trl transformers; done
 source "$(dirname "${BASH_SOURCE[0]}")/script_common.sh"
 export PYTHONPATH="$overlay"
 sft=trl/sft
@@ -44,16 +40,19 @@ row hf_tiny_llama/single/accum4-ragged/float32 $sft error-mismatch one.txt
 expect "SFTTrainer's dataset preparation kept 7 of the 8 sequences given (1 of them have no valid label" one.txt
 expect "one: exit 1" one.txt
 expect "trl 1.16.0's SFTTrainer (transformers 5.18.0), unmodified" one.json
-"$gradnorm" run --recipe trl:sft --recipe-arg max_length=None -s single/accum4-ragged/float32 \
-  -s single/clip-zero/float32 -s single/all-masked-mean_ce/float32 > nomax.txt 2>&1
+# YAML's spelling of None (a TRL config file's max_length: null) means the same: a variant of
+# the same run.
+printf '[[variant]]\nname = "trl/sft-max_length-%s"\nrecipe = "trl:sft"\nrecipe_args = ["max_length=%s"]\n' \
+  null null > nomax-null.toml
+"$gradnorm" run --recipe trl:sft --recipe-arg max_length=None -f nomax-null.toml \
+  -s single/accum4-ragged/float32 -s single/clip-zero/float32 -s single/all-masked-mean_ce/float32 \
+  > nomax.txt 2>&1
 row hf_tiny_llama/single/accum4-ragged/float32 $sft pass nomax.txt
-# YAML's spelling of None (a TRL config file's max_length: null) means the same.
-"$gradnorm" run --recipe trl:sft --recipe-arg max_length=null -s single/accum4-ragged/float32 \
-  > nomax-null.txt 2>&1
-row hf_tiny_llama/single/accum4-ragged/float32 $sft pass nomax-null.txt
+row hf_tiny_llama/single/accum4-ragged/float32 trl/sft-max_length-null pass nomax.txt
 row hf_tiny_llama/single/clip-zero/float32 $sft fail nomax.txt
 row hf_tiny_llama/single/all-masked-mean_ce/float32 $sft error-mismatch nomax.txt
-expect "N == 0 but the step returned finite gradients, loss and parameters" nomax.txt
+reason hf_tiny_llama/single/all-masked-mean_ce/float32 $sft \
+  "N == 0 but the step returned finite gradients, loss and parameters" nomax.txt
 # The model without loss kwargs: SFTTrainer's fused head bypasses its forward, but Trainer
 # read the forward's signature and passes no token count: each micro-batch's own mean.
 "$gradnorm" run --recipe trl:sft --recipe-model "$nk" -s single/accum2-ragged/float32 > nk.txt 2>&1
@@ -70,14 +69,16 @@ expect "rank 1: another rank's SFTTrainer dataset preparation dropped sequences"
 # The rank processes below are forked warm from the supervisor (docs/ranks.md, "Warm rank
 # processes"), as fuzz --nproc forks them; the run above exec'd its ranks, the default.
 export GRADNORM_WARM_RANKS=1
-"$gradnorm" run --recipe trl:sft --nproc 2 --recipe-arg max_length=None -s dist/0-8/float32 \
-  -s first-valid/dist/accum2-ragged/float32 > dist-nomax.txt 2>&1
+# Without averaging, a variant of the same run.
+printf '[[variant]]\nname = "trl/sft-noavg"\nrecipe = "trl:sft"\nrecipe_args = ["average_tokens_across_devices=False"]\n' \
+  > noavg.toml
+"$gradnorm" run --recipe trl:sft --nproc 2 --recipe-arg max_length=None -f noavg.toml \
+  -s dist/0-8/float32 -s first-valid/dist/accum2-ragged/float32 -s dist/5-3/float32 > dist-nomax.txt 2>&1
 row hf_tiny_llama/dist/0-8/float32 $sft pass dist-nomax.txt
 row hf_tiny_llama/first-valid/dist/accum2-ragged/float32 $sft pass dist-nomax.txt
-"$gradnorm" run --recipe trl:sft --nproc 2 --recipe-arg average_tokens_across_devices=False \
-  -s dist/5-3/float32 > noavg.txt 2>&1
-row hf_tiny_llama/dist/5-3/float32 $sft fail noavg.txt
-expect "every rank: step 0: gradients rel L2 error 0.223 > 1e-05" noavg.txt
+row hf_tiny_llama/dist/5-3/float32 trl/sft-noavg fail dist-nomax.txt
+reason hf_tiny_llama/dist/5-3/float32 trl/sft-noavg \
+  "every rank: step 0: gradients rel L2 error 0.223 > 1e-05" dist-nomax.txt
 
 # A user's SFTTrainer subclasses from a file, as the variants of a scenario file.
 "$gradnorm" run -f "$source_dir/examples/transformers/my_sft_trainer.toml" > mine.txt 2>&1
@@ -91,24 +92,9 @@ row mine/accum2-empty-first/float32 mine/mean-per-micro-batch pass mine.txt
 # samples are served in its order (_InOrder); SFTTrainer divides by 4.57.6's count, which
 # includes the label the shift drops (first label valid: rel. 0.333, one device and 2 ranks);
 # 4.57.6 rounds the logged loss to 4 decimals.
-PYTHONPATH="$v4" "$gradnorm" run --recipe trl:sft -s single/accum2-ragged/float32 \
-  -s first-valid/single/accum2-ragged/float32 --json v4.json > v4.txt 2>&1
-row hf_tiny_llama/single/accum2-ragged/float32 $sft pass v4.txt
-row hf_tiny_llama/first-valid/single/accum2-ragged/float32 $sft fail v4.txt
-expect "step 0: gradients rel L2 error 0.333 > 1e-05" v4.txt
-expect "trl 1.16.0's SFTTrainer (transformers 4.57.6), unmodified" v4.json
-expect "trl/sft is trl 1.16.0's SFTTrainer (transformers 4.57.6), unmodified" v4.txt
-PYTHONPATH="$v4" "$gradnorm" run --recipe trl:sft --recipe-arg max_length=None \
-  -s single/accum4-ragged/float32 > v4-nomax.txt 2>&1
-row hf_tiny_llama/single/accum4-ragged/float32 $sft fail v4-nomax.txt
-expect "step 0: logged loss 2.3841, oracle 2.38405716" v4-nomax.txt
-PYTHONPATH="$v4" "$gradnorm" run --recipe trl:sft --nproc 2 -s dist/5-3/float32 \
-  -s first-valid/dist/5-3/float32 > v4-dist.txt 2>&1
-row hf_tiny_llama/dist/5-3/float32 $sft pass v4-dist.txt
-row hf_tiny_llama/first-valid/dist/5-3/float32 $sft fail v4-dist.txt
-expect "every rank: step 0: gradients rel L2 error 0.333 > 1e-05" v4-dist.txt
-# Negative control of the feeding proof on that path: an SFTTrainer that swaps the sequences
-# of each micro-batch it is given is an error, not a verdict.
+# In the same run, max_length=None (a variant), and the negative control of the feeding proof
+# on that path: an SFTTrainer that swaps the sequences of each micro-batch it is given is an
+# error, not a verdict.
 cat > swapped.py <<'PY'
 import torch
 from trl import SFTTrainer
@@ -119,10 +105,35 @@ class SwapsSequences(SFTTrainer):
         inputs = {k: v.flip(0) if torch.is_tensor(v) else v for k, v in inputs.items()}
         return super().training_step(model, inputs, num_items_in_batch)
 PY
-PYTHONPATH="$v4" "$gradnorm" run --recipe "trl:$work/swapped.py:SwapsSequences" \
-  -s single/accum2-ragged/float32 > v4-swapped.txt 2>&1
-row hf_tiny_llama/single/accum2-ragged/float32 trl/swapped.SwapsSequences error-mismatch v4-swapped.txt
-expect "the model was given input_ids that are not this window's micro-batches in order" v4-swapped.txt
+cat > v4.toml <<TOML
+[[variant]]
+name = "trl/sft-max_length-None"
+recipe = "trl:sft"
+recipe_args = ["max_length=None"]
+
+[[variant]]
+name = "trl/swapped.SwapsSequences"
+recipe = "trl:$work/swapped.py:SwapsSequences"
+TOML
+PYTHONPATH="$v4" "$gradnorm" run --recipe trl:sft -f v4.toml -s single/accum2-ragged/float32 \
+  -s first-valid/single/accum2-ragged/float32 -s single/accum4-ragged/float32 --json v4.json > v4.txt 2>&1
+row hf_tiny_llama/single/accum2-ragged/float32 $sft pass v4.txt
+row hf_tiny_llama/first-valid/single/accum2-ragged/float32 $sft fail v4.txt
+reason hf_tiny_llama/first-valid/single/accum2-ragged/float32 $sft \
+  "step 0: gradients rel L2 error 0.333 > 1e-05" v4.txt
+expect "trl 1.16.0's SFTTrainer (transformers 4.57.6), unmodified" v4.json
+expect "trl/sft is trl 1.16.0's SFTTrainer (transformers 4.57.6), unmodified" v4.txt
+row hf_tiny_llama/single/accum4-ragged/float32 trl/sft-max_length-None fail v4.txt
+reason hf_tiny_llama/single/accum4-ragged/float32 trl/sft-max_length-None \
+  "step 0: logged loss 2.3841, oracle 2.38405716" v4.txt
+row hf_tiny_llama/single/accum2-ragged/float32 trl/swapped.SwapsSequences error-mismatch v4.txt
+reason hf_tiny_llama/single/accum2-ragged/float32 trl/swapped.SwapsSequences \
+  "the model was given input_ids that are not this window's micro-batches in order" v4.txt
+PYTHONPATH="$v4" "$gradnorm" run --recipe trl:sft --nproc 2 -s dist/5-3/float32 \
+  -s first-valid/dist/5-3/float32 > v4-dist.txt 2>&1
+row hf_tiny_llama/dist/5-3/float32 $sft pass v4-dist.txt
+row hf_tiny_llama/first-valid/dist/5-3/float32 $sft fail v4-dist.txt
+expect "every rank: step 0: gradients rel L2 error 0.333 > 1e-05" v4-dist.txt
 
 # A compute_loss_func with SFTTrainer: refused by name (SFTTrainer runs a second, no_grad
 # forward for its metrics; every such run failed with a feeding error).
