@@ -23,7 +23,7 @@ class ClipInsideSkipGate final : public FullFinetune {
   }
 };
 
-Visibility visible(const scenarios::Scenario& s, const ContractFacts& facts) {
+Visibility clip_inside_skip_gate_visible(const scenarios::Scenario& s, const ContractFacts& facts) {
   const bool clip_bites = facts.first_clip_coef && *facts.first_clip_coef < 0.5;
   if (facts.global_token_count > 0 && skip_gate_open(s) && clip_bites) {
     return {true, "skip gate open and clipping scales the gradients by < 0.5"};
@@ -42,7 +42,7 @@ void register_clip_inside_skip_gate() {
                  "skip gate, so with grad_accum == 1 clipping is silently off",
       .cites = {{"recipes/full_finetune_single_device.py", 628, 631, "the clipping it gated out"}},
       .make = [] { return std::make_unique<ClipInsideSkipGate>(); },
-      .bug_visible = visible,
+      .bug_visible = clip_inside_skip_gate_visible,
   });
 }
 

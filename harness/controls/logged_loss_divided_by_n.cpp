@@ -22,7 +22,7 @@ class LoggedLossDividedByN final : public LoraFinetune {
   }
 };
 
-Visibility visible(const scenarios::Scenario& s, const ContractFacts& facts) {
+Visibility logged_loss_divided_by_n_visible(const scenarios::Scenario& s, const ContractFacts& facts) {
   const long n = facts.global_token_count;
   if (n > 0 && n != s.world_size && skip_gate_open(s)) {
     return {true, "skip gate open and N != W: dividing by N instead of W changes the loss"};
@@ -42,7 +42,7 @@ void register_logged_loss_divided_by_n() {
       .cites = {{"recipes/lora_finetune_single_device.py", 658, 658, "loss_to_log"}},
       .trains = TrainedModel::lora_adapters,
       .make = [] { return std::make_unique<LoggedLossDividedByN>(); },
-      .bug_visible = visible,
+      .bug_visible = logged_loss_divided_by_n_visible,
   });
 }
 

@@ -32,7 +32,7 @@ class NonFiniteZeroed final : public FullFinetune {
   }
 };
 
-Visibility visible(const scenarios::Scenario& s, const ContractFacts& facts) {
+Visibility non_finite_zeroed_visible(const scenarios::Scenario& s, const ContractFacts& facts) {
   if (facts.global_token_count == 0 && s.loss != scenarios::LossKind::linear_ce) {
     return {true, "N == 0 and the loss yields NaN gradients that the control hides"};
   }
@@ -51,7 +51,7 @@ void register_non_finite_zeroed() {
       .cites = {{"recipes/full_finetune_single_device.py", 622, 631,
                  "between scale_grads_ and clip_grad_norm_"}},
       .make = [] { return std::make_unique<NonFiniteZeroed>(); },
-      .bug_visible = visible,
+      .bug_visible = non_finite_zeroed_visible,
   });
 }
 

@@ -24,7 +24,7 @@ class ScalePassDropped final : public FullFinetune {
   }
 };
 
-Visibility visible(const scenarios::Scenario& s, const ContractFacts& facts) {
+Visibility scale_pass_dropped_visible(const scenarios::Scenario& s, const ContractFacts& facts) {
   const long n = facts.global_token_count;
   if (n > 0 && n != s.world_size && !s.optimizer_in_backward) {
     return {true, "N != W: the missing scale W/N is not 1"};
@@ -43,7 +43,7 @@ void register_scale_pass_dropped() {
                  "(gradients are token sums)",
       .cites = {{"recipes/full_finetune_single_device.py", 625, 627, "the scale it drops"}},
       .make = [] { return std::make_unique<ScalePassDropped>(); },
-      .bug_visible = visible,
+      .bug_visible = scale_pass_dropped_visible,
   });
 }
 

@@ -23,7 +23,7 @@ class StepInsideSkipGate final : public QatFinetune {
   }
 };
 
-Visibility visible(const scenarios::Scenario& s, const ContractFacts& facts) {
+Visibility step_inside_skip_gate_visible(const scenarios::Scenario& s, const ContractFacts& facts) {
   if (facts.global_token_count > 0 && skip_gate_open(s)) {
     return {true, "skip gate open and N > 0: the step must move"};
   }
@@ -42,7 +42,7 @@ void register_step_inside_skip_gate() {
       .cites = {{"recipes/qat_single_device.py", 592, 606, "the step the change gated out"}},
       .trains = TrainedModel::fake_quantized,
       .make = [] { return std::make_unique<StepInsideSkipGate>(); },
-      .bug_visible = visible,
+      .bug_visible = step_inside_skip_gate_visible,
   });
 }
 

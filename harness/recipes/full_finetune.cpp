@@ -8,8 +8,8 @@
 namespace gradnorm::harness::recipes {
 namespace {
 
-constexpr const char* kSingleDevice = "recipes/full_finetune_single_device.py";
-constexpr const char* kDistributed = "recipes/full_finetune_distributed.py";
+constexpr const char* kFullFinetuneSingleDevice = "recipes/full_finetune_single_device.py";
+constexpr const char* kFullFinetuneDistributed = "recipes/full_finetune_distributed.py";
 
 Window empty_window() { return Window{at::zeros({}, at::kLong), at::zeros({}, at::kFloat)}; }
 
@@ -222,18 +222,18 @@ double mean_loss_to_log(const StepContext& context, const Window& totals) {
 
 std::vector<Citation> full_finetune_citations() {
   return {
-      {kSingleDevice, 609, 619, "backward(loss * current_num_tokens), running_loss"},
-      {kSingleDevice, 622, 645,
+      {kFullFinetuneSingleDevice, 609, 619, "backward(loss * current_num_tokens), running_loss"},
+      {kFullFinetuneSingleDevice, 622, 645,
        "scale_grads_(1.0 / num_tokens), `if self._clip_grad_norm:` clip, step, zero_grad, "
        "loss_value"},
-      {kSingleDevice, 149, 160, "refuses clipping and accumulation with optimizer_in_bwd"},
-      {kDistributed, 1004, 1024,
+      {kFullFinetuneSingleDevice, 149, 160, "refuses clipping and accumulation with optimizer_in_bwd"},
+      {kFullFinetuneDistributed, 1004, 1024,
        "backward(loss * current_num_tokens); with optimizer_in_bwd the counts all-reduced "
        "first and loss * (dp_degree / num_tokens)"},
-      {kDistributed, 1027, 1069,
+      {kFullFinetuneDistributed, 1027, 1069,
        "all_reduce num_tokens and running_loss, scale_grads_(world_size / num_tokens), clip, "
        "step, zero_grad, loss_to_log"},
-      {kDistributed, 221, 232, "refuses clipping and accumulation with optimizer in bwd"},
+      {kFullFinetuneDistributed, 221, 232, "refuses clipping and accumulation with optimizer in bwd"},
       {"torchtune/training/_grad_scaler.py", 18, 68, "scale_grads: p.grad *= scaler"},
   };
 }
@@ -256,7 +256,7 @@ void register_full_finetune() {
       .summary = "the pull request: with grad_accum == 1 and no optimizer in backward, "
                  "backward(mean) and no scale_grads; clip and step outside the gate; "
                  "loss_to_log = running_loss / world_size",
-      .cites = {{kSingleDevice, 609, 645, "the lines the pull request gates"}},
+      .cites = {{kFullFinetuneSingleDevice, 609, 645, "the lines the pull request gates"}},
       .make = [] { return std::make_unique<PullRequestSkip<FullFinetune>>(); },
   });
   register_variant({
@@ -265,7 +265,7 @@ void register_full_finetune() {
       .reference = "baseline",
       .summary = "the review's \"scale by world_size alone rather than skipping the call\" "
                  "taken literally: backward(mean), rank average, scale_grads(world_size)",
-      .cites = {{kDistributed, 1035, 1039, "the scale_grads_ call the review would change"}},
+      .cites = {{kFullFinetuneDistributed, 1035, 1039, "the scale_grads_ call the review would change"}},
       .make = [] { return std::make_unique<WorldSizeOnly>(); },
   });
   register_variant({
@@ -274,7 +274,7 @@ void register_full_finetune() {
       .reference = "baseline",
       .summary = "all-reduce the window's token count before backward, then "
                  "backward(mean * n * world_size / N); no pass over the gradients",
-      .cites = {{kDistributed, 1020, 1023,
+      .cites = {{kFullFinetuneDistributed, 1020, 1023,
                  "the optimizer-in-backward path that already pre-normalises the loss"}},
       .make = [] { return std::make_unique<GlobalPrenorm>(); },
       .cannot_run = token_sum_path_only,

@@ -12,8 +12,8 @@
 namespace gradnorm::harness::recipes {
 namespace {
 
-constexpr const char* kSingleDevice = "recipes/knowledge_distillation_single_device.py";
-constexpr const char* kDistributed = "recipes/knowledge_distillation_distributed.py";
+constexpr const char* kKnowledgeDistillationSingleDevice = "recipes/knowledge_distillation_single_device.py";
+constexpr const char* kKnowledgeDistillationDistributed = "recipes/knowledge_distillation_distributed.py";
 constexpr const char* kLosses = "torchtune/modules/loss/kd_losses.py";
 
 // The recipes' running totals: plain sums of loss * current_num_tokens, kept with their
@@ -141,7 +141,7 @@ constexpr const char* kMeansScaledByN =
 std::optional<Finding> single_device_findings(const scenarios::Scenario& s,
                                               const ContractFacts& facts) {
   if (facts.global_token_count == 0) return std::nullopt;
-  if (auto empty = empty_micro_batch_finding(s, kSingleDevice, "663-666")) return empty;
+  if (auto empty = empty_micro_batch_finding(s, kKnowledgeDistillationSingleDevice, "663-666")) return empty;
   if (facts.global_token_count == 1) return std::nullopt;
   const std::string more =
       has_empty_micro_batch(s) ? "; an empty micro-batch's NaN mean times 0 makes the logged "
@@ -153,14 +153,14 @@ std::optional<Finding> single_device_findings(const scenarios::Scenario& s,
   std::vector<std::string> checks{"gradients"};
   if (has_empty_micro_batch(s)) checks.push_back("logged-loss");
   return Finding{"fail", fmt::format(kMeansScaledByN, "1 / num_tokens",
-                                     fmt::format("{}:663-670", kSingleDevice), more),
+                                     fmt::format("{}:663-670", kKnowledgeDistillationSingleDevice), more),
                  checks};
 }
 
 std::optional<Finding> distributed_findings(const scenarios::Scenario& s,
                                             const ContractFacts& facts) {
   if (facts.global_token_count == 0) return std::nullopt;
-  if (auto empty = empty_micro_batch_finding(s, kDistributed, "806-809")) return empty;
+  if (auto empty = empty_micro_batch_finding(s, kKnowledgeDistillationDistributed, "806-809")) return empty;
   const bool clip_bites = facts.first_clip_coef && *facts.first_clip_coef < 1;
   if (facts.global_token_count == 1 && s.world_size == 1 && !clip_bites) return std::nullopt;
   std::string more = "; it logs the last micro-batch's own losses on each rank (829-833), not "
@@ -173,7 +173,7 @@ std::optional<Finding> distributed_findings(const scenarios::Scenario& s,
   if (s.world_size > 1) checks.push_back("ranks-agree");
   return Finding{"fail",
                  fmt::format(kMeansScaledByN, "world_size / num_tokens after FSDP's 1/W average",
-                             fmt::format("{}:806-820", kDistributed), more),
+                             fmt::format("{}:806-820", kKnowledgeDistillationDistributed), more),
                  checks};
 }
 
@@ -194,10 +194,10 @@ void register_knowledge_distillation() {
       .reference = "kd-single-device",
       .summary = "backward((1 - kd_ratio) * class_loss + kd_ratio * kd_loss), the token means; "
                  "scale_grads(1 / num_tokens), clip, step; loss_to_log from the running sums",
-      .cites = {{kSingleDevice, 590, 623, "_loss_step: student logits, teacher under no_grad"},
-                {kSingleDevice, 655, 666,
+      .cites = {{kKnowledgeDistillationSingleDevice, 590, 623, "_loss_step: student logits, teacher under no_grad"},
+                {kKnowledgeDistillationSingleDevice, 655, 666,
                  "running_*_loss += loss * current_num_tokens; backward of the mix of means"},
-                {kSingleDevice, 669, 686, "scale_grads(1 / num_tokens), clip, step, loss_to_log"},
+                {kKnowledgeDistillationSingleDevice, 669, 686, "scale_grads(1 / num_tokens), clip, step, loss_to_log"},
                 forward_kl, chunked_kl},
       .objective = Objective::knowledge_distillation,
       .make = [] { return std::make_unique<DistillationSingleDevice>(); },
@@ -210,10 +210,10 @@ void register_knowledge_distillation() {
       .reference = "kd-distributed",
       .summary = "the same mix of means per micro-batch under FSDP; all-reduced counts, "
                  "scale_grads(world_size / num_tokens), no clipping; logs the last micro-batch",
-      .cites = {{kDistributed, 718, 750, "_loss_step: student logits, teacher under no_grad"},
-                {kDistributed, 798, 809,
+      .cites = {{kKnowledgeDistillationDistributed, 718, 750, "_loss_step: student logits, teacher under no_grad"},
+                {kKnowledgeDistillationDistributed, 798, 809,
                  "running_*_loss += loss * current_num_tokens; backward of the mix of means"},
-                {kDistributed, 812, 833,
+                {kKnowledgeDistillationDistributed, 812, 833,
                  "all_reduce, scale_grads(world_size / num_tokens), step; class_loss_to_log "
                  "overwritten by class_loss.item()"},
                 forward_kl, chunked_kl},

@@ -6,8 +6,8 @@
 namespace gradnorm::harness::recipes {
 namespace {
 
-constexpr const char* kSingleDevice = "recipes/lora_finetune_single_device.py";
-constexpr const char* kDistributed = "recipes/lora_finetune_distributed.py";
+constexpr const char* kLoraFinetuneSingleDevice = "recipes/lora_finetune_single_device.py";
+constexpr const char* kLoraFinetuneDistributed = "recipes/lora_finetune_distributed.py";
 constexpr const char* kQatLora = "recipes/qat_lora_finetune_distributed.py";
 
 }  // namespace
@@ -24,10 +24,10 @@ double LoraFinetune::loss_to_log(const Window& totals, const StepContext& /*cont
 
 std::vector<Citation> lora_finetune_citations() {
   return {
-      {kSingleDevice, 633, 642, "backward(loss * current_num_tokens), running_loss"},
-      {kSingleDevice, 645, 658, "scale_grads(1 / num_tokens), clip, step, zero_grad, loss_to_log"},
-      {kDistributed, 769, 781, "backward(loss * current_num_tokens) under FSDP"},
-      {kDistributed, 784, 804,
+      {kLoraFinetuneSingleDevice, 633, 642, "backward(loss * current_num_tokens), running_loss"},
+      {kLoraFinetuneSingleDevice, 645, 658, "scale_grads(1 / num_tokens), clip, step, zero_grad, loss_to_log"},
+      {kLoraFinetuneDistributed, 769, 781, "backward(loss * current_num_tokens) under FSDP"},
+      {kLoraFinetuneDistributed, 784, 804,
        "all_reduce num_tokens and running_loss, scale_grads(world_size / num_tokens), clip, "
        "step, zero_grad, loss_to_log"},
   };
@@ -49,7 +49,7 @@ void register_lora_finetune() {
       .role = Role::candidate,
       .reference = "lora-baseline",
       .summary = "the pull request's skip path in the LoRA recipe",
-      .cites = {{kSingleDevice, 633, 658, "the lines the pull request gates"}},
+      .cites = {{kLoraFinetuneSingleDevice, 633, 658, "the lines the pull request gates"}},
       .trains = TrainedModel::lora_adapters,
       .make = [] { return std::make_unique<PullRequestSkip<LoraFinetune>>(); },
   });

@@ -6,8 +6,8 @@
 namespace gradnorm::harness::recipes {
 namespace {
 
-constexpr const char* kSingleDevice = "recipes/qat_single_device.py";
-constexpr const char* kDistributed = "recipes/qat_distributed.py";
+constexpr const char* kQatSingleDevice = "recipes/qat_single_device.py";
+constexpr const char* kQatDistributed = "recipes/qat_distributed.py";
 
 }  // namespace
 
@@ -50,15 +50,15 @@ double QatFinetune::loss_to_log(const Window& totals, const StepContext& /*conte
 
 std::vector<Citation> qat_citations() {
   return {
-      {kSingleDevice, 556, 590,
+      {kQatSingleDevice, 556, 590,
        "current_loss *= current_num_tokens, running_loss, (in backward: / current_num_tokens), "
        "backward"},
-      {kSingleDevice, 592, 606, "scale_grads(1 / num_tokens), clip, step, zero_grad, loss_to_log"},
-      {kSingleDevice, 139, 150, "refuses clipping and accumulation with optimizer in bwd"},
-      {kDistributed, 987, 997,
+      {kQatSingleDevice, 592, 606, "scale_grads(1 / num_tokens), clip, step, zero_grad, loss_to_log"},
+      {kQatSingleDevice, 139, 150, "refuses clipping and accumulation with optimizer in bwd"},
+      {kQatDistributed, 987, 997,
        "backward(loss * current_num_tokens); with optimizer_in_bwd the counts all-reduced "
        "first and loss * (dp_degree / num_tokens)"},
-      {kDistributed, 998, 1025,
+      {kQatDistributed, 998, 1025,
        "all_reduce, scale_grads_(world_size / num_tokens), clip, step, zero_grad, loss_to_log"},
   };
 }
@@ -80,7 +80,7 @@ void register_qat() {
       .reference = "qat-baseline",
       .summary = "the pull request's skip path in the QAT recipe after its fix: step and "
                  "zero_grad outside the gate",
-      .cites = {{kSingleDevice, 556, 606, "the lines the pull request gates"}},
+      .cites = {{kQatSingleDevice, 556, 606, "the lines the pull request gates"}},
       .trains = TrainedModel::fake_quantized,
       .make = [] { return std::make_unique<PullRequestSkip<QatFinetune>>(); },
   });

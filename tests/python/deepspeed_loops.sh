@@ -33,10 +33,6 @@ expect "deepspeed/mean_loss.train is $source_dir/examples/deepspeed/mean_loss.py
 # engine is made for each pair in about 0.15 s, at ZeRO 1 and 2 in about 2 s, so the variants
 # at ZeRO 1 and 2 run only on the scenarios that show what they are for.
 export GRADNORM_WARM_RANKS=1
-variant() {  # NAME RECIPE [ARG]: a [[variant]] table
-  printf '[[variant]]\nname = "%s"\nrecipe = "%s"\n' "$1" "$2"
-  [ -z "${3:-}" ] || printf 'recipe_args = ["%s"]\n' "$3"
-}
 tokens_pass() {  # OUTPUT VARIANT: the token loop is exact, clipping and 3 steps with momentum included
   for s in dist/5-3/float32 dist/0-8/float32 dist/4-4/float32 dist/5-3-clip-active/float32; do
     row $t/$s "$2" pass "$1"

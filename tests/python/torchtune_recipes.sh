@@ -116,8 +116,10 @@ for raised in MemoryError RecursionError ValueError; do
   sed "/def __init__(self, cfg: DictConfig) -> None:/a\\        raise $raised('in __init__')" "$recipe" > "init_$raised.py"
 done
 # One run, the second and third as variants of a scenario file.
-printf '[[variant]]\nname = "torchtune/init_%s"\nrecipe = "torchtune:init_%s.py"\n' \
-  RecursionError RecursionError ValueError ValueError > init.toml
+{
+  variant torchtune/init_RecursionError torchtune:init_RecursionError.py
+  variant torchtune/init_ValueError torchtune:init_ValueError.py
+} > init.toml
 "$gradnorm" run --recipe torchtune:init_MemoryError.py -f init.toml -s single/n3/float32 > init.txt 2>&1
 for raised in MemoryError RecursionError ValueError; do
   row tiny_llama/single/n3/float32 torchtune/init_$raised error-mismatch init.txt

@@ -62,8 +62,7 @@ export GRADNORM_WARM_RANKS=1
 # training without averaging. Before the value was parsed by that parser, "false" was the
 # string "false", which is true: averaging stayed on and the row passed.
 for spelling in False false no 0; do
-  printf '[[variant]]\nname = "noavg/%s"\nrecipe = "transformers:trainer"\nrecipe_args = ["average_tokens_across_devices=%s"]\n' \
-    "$spelling" "$spelling"
+  variant noavg/$spelling transformers:trainer average_tokens_across_devices=$spelling
 done > noavg.toml
 "$gradnorm" run --recipe transformers:trainer -f noavg.toml --nproc 2 -s dist/5-3/float32 > v5-noavg.txt 2>&1
 row hf_tiny_llama/dist/5-3/float32 $trainer pass v5-noavg.txt
@@ -131,7 +130,7 @@ def per_token(outputs, labels, num_items_in_batch=None):
     return outputs.logits.sum(-1)
 PY
 for bad in as_float detached per_token; do
-  printf '[[variant]]\nname = "bad/%s"\nrecipe = "transformers:%s/bad_losses.py:%s"\n' "$bad" "$work" "$bad"
+  variant bad/$bad "transformers:$work/bad_losses.py:$bad"
 done > bad_losses.toml
 # Negative control of the feeding proof, in the same run: a Trainer that swaps the sequences
 # of each micro-batch it is given trains on what the scenario never gave: an error naming the rank.
@@ -191,8 +190,7 @@ class NeverClips(Trainer):
         super().__init__(*args, **kwargs)
         self.args.max_grad_norm = 0.0
 PY
-printf '[[variant]]\nname = "noclip"\nrecipe = "transformers:noclip.py:NeverClips"\nrecipe_args = ["max_grad_norm=0.01"]\n' \
-  > noclip.toml
+variant noclip "transformers:$work/noclip.py:NeverClips" max_grad_norm=0.01 > noclip.toml
 "$gradnorm" run --recipe transformers:trainer --recipe-arg max_grad_norm=0.01 -f noclip.toml \
   -s single/n3/float32 -s single/accum2-ragged/float32 > clip.txt 2>&1
 row "hf_tiny_llama/single/n3/float32@max_grad_norm=0.01" $trainer pass clip.txt

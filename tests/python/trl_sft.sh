@@ -42,8 +42,7 @@ expect "one: exit 1" one.txt
 expect "trl 1.16.0's SFTTrainer (transformers 5.18.0), unmodified" one.json
 # YAML's spelling of None (a TRL config file's max_length: null) means the same: a variant of
 # the same run.
-printf '[[variant]]\nname = "trl/sft-max_length-%s"\nrecipe = "trl:sft"\nrecipe_args = ["max_length=%s"]\n' \
-  null null > nomax-null.toml
+variant trl/sft-max_length-null trl:sft max_length=null > nomax-null.toml
 "$gradnorm" run --recipe trl:sft --recipe-arg max_length=None -f nomax-null.toml \
   -s single/accum4-ragged/float32 -s single/clip-zero/float32 -s single/all-masked-mean_ce/float32 \
   > nomax.txt 2>&1
@@ -70,8 +69,7 @@ expect "rank 1: another rank's SFTTrainer dataset preparation dropped sequences"
 # processes"), as fuzz --nproc forks them; the run above exec'd its ranks, the default.
 export GRADNORM_WARM_RANKS=1
 # Without averaging, a variant of the same run.
-printf '[[variant]]\nname = "trl/sft-noavg"\nrecipe = "trl:sft"\nrecipe_args = ["average_tokens_across_devices=False"]\n' \
-  > noavg.toml
+variant trl/sft-noavg trl:sft average_tokens_across_devices=False > noavg.toml
 "$gradnorm" run --recipe trl:sft --nproc 2 --recipe-arg max_length=None -f noavg.toml \
   -s dist/0-8/float32 -s first-valid/dist/accum2-ragged/float32 -s dist/5-3/float32 > dist-nomax.txt 2>&1
 row hf_tiny_llama/dist/0-8/float32 $sft pass dist-nomax.txt
@@ -105,16 +103,10 @@ class SwapsSequences(SFTTrainer):
         inputs = {k: v.flip(0) if torch.is_tensor(v) else v for k, v in inputs.items()}
         return super().training_step(model, inputs, num_items_in_batch)
 PY
-cat > v4.toml <<TOML
-[[variant]]
-name = "trl/sft-max_length-None"
-recipe = "trl:sft"
-recipe_args = ["max_length=None"]
-
-[[variant]]
-name = "trl/swapped.SwapsSequences"
-recipe = "trl:$work/swapped.py:SwapsSequences"
-TOML
+{
+  variant trl/sft-max_length-None trl:sft max_length=None
+  variant trl/swapped.SwapsSequences "trl:$work/swapped.py:SwapsSequences"
+} > v4.toml
 PYTHONPATH="$v4" "$gradnorm" run --recipe trl:sft -f v4.toml -s single/accum2-ragged/float32 \
   -s first-valid/single/accum2-ragged/float32 -s single/accum4-ragged/float32 --json v4.json > v4.txt 2>&1
 row hf_tiny_llama/single/accum2-ragged/float32 $sft pass v4.txt

@@ -179,7 +179,7 @@ int bench_command(const BenchOptions& options) {
 
 namespace {
 
-double median(std::vector<double> values) {
+double upper_median(std::vector<double> values) {
   std::sort(values.begin(), values.end());
   return values[values.size() / 2];
 }
@@ -222,7 +222,7 @@ int python_bench_command(const std::string& python_variant, const std::string& c
       cpp_seconds.push_back(time_run(cpp, s));
       py_seconds.push_back(time_run(py, s));
     }
-    const double c = median(cpp_seconds) * 1e3, p = median(py_seconds) * 1e3;
+    const double c = upper_median(cpp_seconds) * 1e3, p = upper_median(py_seconds) * 1e3;
     fmt::print("{:<44} {:>6} {:>6} {:>12.3f} {:>12.3f} {:>14.3f} {:>7.2f}x\n", s.name, s.world_size,
                s.steps, c, p, (p - c) / s.steps, p / c);
   }
@@ -242,7 +242,7 @@ double median_seconds(int repeat, Body&& body) {
     body();
     seconds.push_back(std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count());
   }
-  return median(seconds);
+  return upper_median(seconds);
 }
 
 }  // namespace

@@ -261,10 +261,10 @@ int report(const oracles::Evaluation& evaluation, const RunOptions& options,
   }
   if (printed.lines > 0 && options.log_path.empty() && !options.quiet) {
     fmt::print(stderr,
-               "gradnorm: the code under test printed {} lines, held back from the table (a "
+               "gradnorm: the code under test printed {} line{}, held back from the table (a "
                "failing row shows its own); --log PATH keeps them, --verbose prints them as "
                "they come\n",
-               printed.lines);
+               printed.lines, printed.lines == 1 ? "" : "s");
   }
   return evaluation.all_met() ? kExitAsExpected : kExitUnexpected;
 }
