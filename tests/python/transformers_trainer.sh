@@ -129,9 +129,6 @@ def detached(outputs, labels, num_items_in_batch=None):
 def per_token(outputs, labels, num_items_in_batch=None):
     return outputs.logits.sum(-1)
 PY
-for bad in as_float detached per_token; do
-  variant bad/$bad "transformers:$work/bad_losses.py:$bad"
-done > bad_losses.toml
 # Negative control of the feeding proof, in the same run: a Trainer that swaps the sequences
 # of each micro-batch it is given trains on what the scenario never gave: an error naming the rank.
 cat > swapped.py <<'PY'
@@ -143,14 +140,34 @@ class SwapsSequences(Trainer):
         inputs = {key: value.flip(0) for key, value in inputs.items()}
         return super().training_step(model, inputs, num_items_in_batch)
 PY
-"$gradnorm" run --recipe "transformers:$work/swapped.py:SwapsSequences" -f bad_losses.toml \
-  -s single/n3/float32 > bad.txt 2>&1
+{
+  for bad in as_float detached per_token; do
+    variant bad/$bad "transformers:$work/bad_losses.py:$bad"
+  done
+  variant transformers/swapped.SwapsSequences "transformers:$work/swapped.py:SwapsSequences"
+} > bad_losses.toml
+# Without --recipe, a scenario file's Trainer variants train the catalogue's scenarios on
+# transformers' Llama, as --recipe does (they took torchtune's decoder: every row raised
+# "TransformerDecoder.forward() got an unexpected keyword argument 'input_ids'").
+"$gradnorm" run -f bad_losses.toml -s single/n3/float32 > bad.txt 2>&1
 n3=hf_tiny_llama/single/n3/float32
 reason $n3 bad/as_float "compute_loss_func $work/bad_losses.py:as_float returned float: Trainer backwards what it returns" bad.txt
 reason $n3 bad/detached "compute_loss_func $work/bad_losses.py:detached returned a loss without grad" bad.txt
 reason $n3 bad/per_token "compute_loss_func $work/bad_losses.py:per_token returned a tensor of shape [2, 8]" bad.txt
 row $n3 transformers/swapped.SwapsSequences error-mismatch bad.txt
 reason $n3 transformers/swapped.SwapsSequences "the model was given input_ids that are not this window's micro-batches in order" bad.txt
+expect_not "TransformerDecoder" bad.txt
+# Its control: variants of frameworks that train different models cannot share a catalogue
+# scenario, an input error before anything runs.
+{
+  variant mixed/trainer transformers:trainer
+  variant mixed/lightning "lightning:$source_dir/examples/lightning/mean_loss.py:MeanLoss"
+} > mixed.toml
+"$gradnorm" run -f mixed.toml -s single/n3/float32 > mixed.txt 2>&1
+echo "mixed: exit $?" >> mixed.txt
+expect "(transformers:trainer) trains tiny_llama.py:hf_tiny_llama and mixed.toml: variant #2" mixed.txt
+expect "trains tiny_transformer.py:tiny_transformer: the catalogue's scenarios take one model" mixed.txt
+expect "mixed: exit 2" mixed.txt
 
 # A pull request that swaps Trainer's loss for a per-micro-batch mean, under one name: gradnorm
 # diff names the regression and a command that reproduces it, which runs as printed (the row's

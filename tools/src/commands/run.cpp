@@ -432,6 +432,36 @@ bool run_has_recipe(const RunOptions& options) {
   return false;
 }
 
+// The recipe whose framework's model the catalogue's scenarios take (with_recipe_model):
+// --recipe's; without one, that of the scenario files' recipe variants, so that a file of
+// Trainer variants trains transformers' Llama as --recipe transformers:trainer does (it took
+// torchtune's decoder, and every row was an error). Variants whose frameworks train different
+// models cannot share a catalogue scenario: *conflict says so, for the run to refuse if it
+// selects one.
+PythonStepOptions recipe_model_step(const RunOptions& options, std::string* conflict) {
+  PythonStepOptions step = options.python_step;
+  if (!step.recipe.empty() || !step.recipe_model.empty()) return step;
+  std::string first_where, first_model;
+  for (const std::string& file : options.scenario_files) {
+    for (const scenarios::VariantDeclaration& d : scenarios::load_scenario_file_contents(file).variants) {
+      if (d.recipe.empty()) continue;
+      const std::string model = python::default_recipe_model(d.recipe);
+      if (step.recipe.empty()) {
+        step.recipe = d.recipe;
+        first_where = fmt::format("{} ({})", d.where, d.recipe);
+        first_model = model;
+      } else if (model != first_model && conflict->empty()) {
+        *conflict = fmt::format(
+            "{} trains {} and {} ({}) trains {}: the catalogue's scenarios take one model, so "
+            "select scenarios that name their own, or run the variants apart",
+            first_where, first_model.substr(first_model.rfind('/') + 1), d.where, d.recipe,
+            model.substr(model.rfind('/') + 1));
+      }
+    }
+  }
+  return step;
+}
+
 // --plan: the rows the run would judge and the pairs it would leave out, as JSON on standard
 // output, nothing run (the pytest plugin's items: python/gradnorm/pytest_plugin.py).
 void print_plan(const std::vector<scenarios::Scenario>& scenario_list,
@@ -452,10 +482,17 @@ void print_plan(const std::vector<scenarios::Scenario>& scenario_list,
 
 int run_command(const RunOptions& options, int argc, char** argv) {
   const bool recipes = run_has_recipe(options);
-  auto scenario_list = with_recipe_model(
-      pick_scenarios(recipe_scenario_patterns(options.scenario_patterns, options.python_step),
-                     options.scenario_files),
-      options.python_step, recipes);
+  std::string model_conflict;
+  const PythonStepOptions model_step = recipe_model_step(options, &model_conflict);
+  std::vector<scenarios::Scenario> picked = pick_scenarios(
+      recipe_scenario_patterns(options.scenario_patterns, model_step), options.scenario_files);
+  if (!model_conflict.empty() &&
+      std::any_of(picked.begin(), picked.end(), [](const scenarios::Scenario& s) {
+        return s.model == scenarios::ModelKind::causal_lm;
+      })) {
+    throw scenarios::InvalidInput(model_conflict);
+  }
+  auto scenario_list = with_recipe_model(std::move(picked), model_step, recipes);
   // Before anything runs: a report path that cannot or must not be written is an input error.
   if (options.verbose && !options.log_path.empty()) {
     throw scenarios::InvalidInput(
